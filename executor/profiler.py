@@ -1,0 +1,191 @@
+"""The layer profiler: measure every layer of an ``nn.Sequential`` at several micro-batch sizes.
+
+For each micro-batch size ``b`` the layers are run in order on the real output of the
+layers before them (so a layer sees real activations, not random ones), in train mode:
+
+    x_b --layer 0--> y0 --layer 1--> y1 ... --layer L-1--> y_{L-1} --loss--> scalar
+
+Layer ``i`` is timed alone on a detached copy of ``y_{i-1}``: forward, then backward from
+a random output gradient (the last layer's forward includes the loss and its backward
+starts from the loss, as on a pipeline's last stage).  Times are medians over
+``repeats`` after ``warmup`` runs, with CUDA events on GPU.  Bytes come from autograd's
+saved-tensor hooks, each storage counted once, parameters excluded.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+import statistics
+from collections.abc import Callable, Sequence
+
+import pandas as pd
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
+from executor.timing import Stopwatch, synchronize
+from pipesim.profile import COLUMNS, Profile
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def device_name(device: torch.device) -> str:
+    """A human name for ``device``: the GPU model, or the CPU's."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _detached_input(x: torch.Tensor) -> torch.Tensor:
+    x = x.detach()
+    if x.is_floating_point():
+        x.requires_grad_(True)
+    return x
+
+
+def _run_layer(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+               target: torch.Tensor | None) -> torch.Tensor:
+    y = layer(x)
+    return loss_fn(y, target) if loss_fn is not None else y
+
+
+def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
+    torch.autograd.backward(y, grad)
+
+
+def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None = None,
+                  target: torch.Tensor | None = None, repeats: int = 5,
+                  warmup: int = 2) -> dict[str, float]:
+    """Measure one layer on input ``x``: forward/backward seconds and the byte columns.
+
+    With ``loss_fn``, the forward includes the loss on ``target`` and backward starts from it.
+    Returns a dict of the profile columns except layer, name and micro_batch, plus
+    ``"output"``: the layer's output (not the loss) for the next layer.
+    """
+    device = x.device
+    x = _detached_input(x)
+    # Bytes: one forward under the saved-tensor hooks.
+    with record_saved_tensors() as saved:
+        y = layer(x)
+        out = loss_fn(y, target) if loss_fn is not None else y
+    params = parameter_keys(layer)
+    saved_bytes = saved.bytes_excluding(params)
+    row = {
+        "input_bytes": tensor_bytes(x),
+        "output_bytes": tensor_bytes(y),
+        "saved_bytes": saved_bytes,
+        "saved_input_bytes": saved.bytes_of(x),
+        "saved_output_bytes": saved.bytes_of(y),
+        "param_bytes": module_bytes(layer),
+    }
+    needs_grad = out.requires_grad
+    grad = None if (loss_fn is not None or not needs_grad) else torch.randn_like(out)
+    if needs_grad:
+        _backward(out, grad)
+    del out
+    fwd, bwd = Stopwatch(device), Stopwatch(device)
+    for i in range(warmup + repeats):
+        timed = i >= warmup
+        synchronize(device)
+        if timed:
+            with fwd.region():
+                out = _run_layer(layer, x, loss_fn, target)
+        else:
+            out = _run_layer(layer, x, loss_fn, target)
+        if needs_grad:
+            if timed:
+                with bwd.region():
+                    _backward(out, grad)
+            else:
+                _backward(out, grad)
+        del out
+    synchronize(device)
+    row["fwd_s"] = statistics.median(fwd.elapsed())
+    row["bwd_s"] = statistics.median(bwd.elapsed()) if needs_grad else 0.0
+    row["output"] = y.detach()
+    return row
+
+
+def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor],
+            micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
+            loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
+            dtype: torch.dtype | None = None, progress: bool = True,
+            meta: dict | None = None) -> Profile:
+    """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
+
+    ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
+    samples; the first ``b`` rows make the micro-batch of size ``b``.  The model is moved
+    to ``device`` (and ``dtype`` if given) and put in train mode.  Returns a
+    :class:`pipesim.Profile`; ``meta`` adds to its metadata.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
+    sizes = sorted({int(b) for b in micro_batch_sizes})
+    if not sizes or sizes[0] < 1:
+        raise ValueError(f"micro-batch sizes must be positive integers, got {list(micro_batch_sizes)}")
+    inputs, targets = sample_batch
+    if inputs.shape[0] < sizes[-1]:
+        raise ValueError(f"sample batch has {inputs.shape[0]} samples, fewer than the largest "
+                         f"micro-batch size {sizes[-1]}")
+    device = torch.device(device)
+    model.to(device=device, dtype=dtype).train()
+    layers = list(model)
+    rows = []
+    bar = tqdm(total=len(sizes) * len(layers), desc="profiling", disable=not progress,
+               unit="layer", leave=False)
+    for b in sizes:
+        # clone: a view of the whole batch would report the whole batch's storage.
+        x = inputs[:b].clone().to(device)
+        if dtype is not None and x.is_floating_point():
+            x = x.to(dtype)
+        target = targets[:b].clone().to(device)
+        for i, layer in enumerate(layers):
+            last = i == len(layers) - 1 and loss_fn is not None
+            row = profile_layer(layer, x, loss_fn=loss_fn if last else None,
+                                target=target if last else None, repeats=repeats, warmup=warmup)
+            x = row.pop("output")
+            rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
+            bar.update(1)
+    bar.close()
+    model.zero_grad(set_to_none=True)
+    table = pd.DataFrame(rows)[list(COLUMNS)]
+    info = {
+        "device": str(device),
+        "device_name": device_name(device),
+        "dtype": str(dtype or next(model.parameters()).dtype).replace("torch.", ""),
+        "torch_version": torch.__version__,
+        "cuda_version": torch.version.cuda,
+        "threads": torch.get_num_threads(),
+        "repeats": repeats,
+        "warmup": warmup,
+        "loss_in_last_layer": loss_fn is not None,
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+    }
+    info.update(meta or {})
+    return Profile(table=table, meta=info)
+
+
+def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor],
+                     loss_fn: LossFn, *, repeats: int = 5, warmup: int = 2) -> float:
+    """Median seconds of one forward+backward of the whole model (with the loss) on ``batch``.
+
+    The reference against which the sum of per-layer times is judged (profiler fidelity).
+    """
+    device = next(model.parameters()).device
+    x, t = batch[0].to(device), batch[1].to(device)
+    dtype = next(model.parameters()).dtype
+    if x.is_floating_point():
+        x = x.to(dtype)
+    watch = Stopwatch(device)
+    for i in range(warmup + repeats):
+        synchronize(device)
+        if i >= warmup:
+            with watch.region():
+                loss_fn(model(x), t).backward()
+        else:
+            loss_fn(model(x), t).backward()
+    model.zero_grad(set_to_none=True)
+    return statistics.median(watch.elapsed())

@@ -1,0 +1,51 @@
+"""Clocks for timing torch work: host clock on CPU, CUDA events on GPU.
+
+Both return seconds.  ``Stopwatch`` is used by the profiler and the pipeline runtime so
+that predictions and measurements are taken with the same clock.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+
+import torch
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued work on ``device`` (a no-op on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Stopwatch:
+    """Times regions on one device; ``elapsed()`` returns the seconds of each region.
+
+    On CUDA the regions are bracketed by events and read after one synchronisation, so
+    timing does not serialise the host with the device inside the measured loop.
+    """
+
+    def __init__(self, device: torch.device | str):
+        self.device = torch.device(device)
+        self._cpu: list[float] = []
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    @contextmanager
+    def region(self):
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            yield
+            end.record()
+            self._events.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            yield
+            self._cpu.append(time.perf_counter() - t0)
+
+    def elapsed(self) -> list[float]:
+        """Seconds of every region so far, in order."""
+        if self.device.type == "cuda":
+            synchronize(self.device)
+            return [s.elapsed_time(e) / 1e3 for s, e in self._events]
+        return list(self._cpu)

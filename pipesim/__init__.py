@@ -1,0 +1,23 @@
+"""pipesim: plan, simulate and validate pipeline-parallel training (no torch needed)."""
+
+from pipesim.errors import (
+    ClusterError,
+    PipesimError,
+    PlanError,
+    ProfileError,
+    ProfileRangeError,
+    ScheduleError,
+)
+from pipesim.profile import LayerCost, Profile, split_sizes
+
+__all__ = [
+    "ClusterError",
+    "LayerCost",
+    "PipesimError",
+    "PlanError",
+    "Profile",
+    "ProfileError",
+    "ProfileRangeError",
+    "ScheduleError",
+    "split_sizes",
+]

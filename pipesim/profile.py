@@ -1,0 +1,333 @@
+"""The Profile: per-layer costs measured at several micro-batch sizes.
+
+A Profile is a table with one row per (layer, micro-batch size) plus a metadata dict.
+It is written by ``executor.profiler.profile`` and read by the simulator and tuner; it
+never needs torch.
+
+Columns (units):
+
+=================== ======= =====================================================
+``layer``           int     index of the layer in the ``nn.Sequential`` (0-based)
+``name``            str     the layer's class name (informative)
+``micro_batch``     int     samples in the micro-batch
+``fwd_s``           float   forward seconds (median of repetitions)
+``bwd_s``           float   backward seconds (median of repetitions)
+``input_bytes``     int     bytes of the layer's input tensor(s)
+``output_bytes``    int     bytes of the layer's output (crosses a stage boundary)
+``saved_bytes``     int     bytes saved for backward, each storage counted once,
+                            parameters excluded, input/output included if saved
+``saved_input_bytes``  int  the part of ``saved_bytes`` that is the input
+``saved_output_bytes`` int  the part of ``saved_bytes`` that is the output
+``param_bytes``     int     bytes of the layer's parameters (and buffers)
+=================== ======= =====================================================
+
+On disk a Profile is ``NAME.csv`` (the table) beside ``NAME.json`` (the metadata), both
+readable without pipesim.  Loading validates everything and fixes nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from pipesim.errors import ProfileError, ProfileRangeError
+
+#: Column name -> kind ("int", "float", "str"), in file order.
+COLUMNS: dict[str, str] = {
+    "layer": "int",
+    "name": "str",
+    "micro_batch": "int",
+    "fwd_s": "float",
+    "bwd_s": "float",
+    "input_bytes": "int",
+    "output_bytes": "int",
+    "saved_bytes": "int",
+    "saved_input_bytes": "int",
+    "saved_output_bytes": "int",
+    "param_bytes": "int",
+}
+_TIME_COLUMNS = ("fwd_s", "bwd_s")
+_BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of a contiguous run of layers at one micro-batch size (seconds, bytes)."""
+
+    fwd_s: float
+    bwd_s: float
+    input_bytes: float
+    output_bytes: float
+    #: bytes kept alive per micro-batch between forward and backward, each tensor
+    #: once: the internal saved tensors, the input if saved, and the output.
+    stash_bytes: float
+    param_bytes: float
+
+
+@dataclass
+class Profile:
+    """Measured per-layer costs; see the module docstring for the columns.
+
+    ``table`` holds the rows; ``meta`` the measurement context (device, dtype, torch
+    version, threads, repetitions, date, ...).  ``source`` is the file it came from,
+    used in error messages.
+    """
+
+    table: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+    source: str = "<memory>"
+
+    def __post_init__(self) -> None:
+        self.table = validate_table(self.table, self.source)
+
+    # ----------------------------------------------------------------- shape
+    @cached_property
+    def n_layers(self) -> int:
+        return int(self.table["layer"].max()) + 1
+
+    @cached_property
+    def micro_batch_sizes(self) -> tuple[int, ...]:
+        return tuple(sorted(int(v) for v in self.table["micro_batch"].unique()))
+
+    @cached_property
+    def layer_names(self) -> list[str]:
+        first = self.table.drop_duplicates("layer").sort_values("layer")
+        return list(first["name"])
+
+    @cached_property
+    def _grid(self) -> dict[str, np.ndarray]:
+        """column -> array [n_layers, n_sizes] sorted by layer then size."""
+        t = self.table.sort_values(["layer", "micro_batch"])
+        n, k = self.n_layers, len(self.micro_batch_sizes)
+        return {c: t[c].to_numpy(dtype=float).reshape(n, k) for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+
+    # ------------------------------------------------------------ interpolate
+    def _weights(self, micro_batch: float, extrapolate: bool) -> tuple[int, int, float]:
+        """Indices (lo, hi) into the size grid and the weight of hi for linear interpolation."""
+        sizes = self.micro_batch_sizes
+        lo_size, hi_size = sizes[0], sizes[-1]
+        if micro_batch <= 0:
+            raise ProfileRangeError(f"micro-batch size must be positive, got {micro_batch}")
+        if not lo_size <= micro_batch <= hi_size:
+            msg = (
+                f"micro-batch size {micro_batch} is outside the profiled range "
+                f"[{lo_size}, {hi_size}] of {self.source}"
+            )
+            if not extrapolate:
+                raise ProfileRangeError(msg + "; profile more sizes or pass extrapolate=True")
+            warnings.warn(msg + "; extrapolating linearly", stacklevel=3)
+        if len(sizes) == 1:
+            return 0, 0, 0.0
+        hi = int(np.searchsorted(sizes, micro_batch))
+        hi = min(max(hi, 1), len(sizes) - 1)
+        lo = hi - 1
+        w = (micro_batch - sizes[lo]) / (sizes[hi] - sizes[lo])
+        return lo, hi, w
+
+    def column_at(self, column: str, micro_batch: float, *, extrapolate: bool = False) -> np.ndarray:
+        """One column for every layer at ``micro_batch`` samples, shape [n_layers].
+
+        Linear in the micro-batch size between the two nearest measured sizes; outside
+        the measured range raises :class:`ProfileRangeError` unless ``extrapolate``.
+        With one measured size, times and bytes are scaled in proportion.
+        """
+        grid = self._grid[column]
+        lo, hi, w = self._weights(micro_batch, extrapolate)
+        if lo == hi:
+            value = grid[:, 0] * (micro_batch / self.micro_batch_sizes[0])
+            if column == "param_bytes":
+                value = grid[:, 0]
+            return value
+        value = grid[:, lo] * (1 - w) + grid[:, hi] * w
+        # Extrapolation may cross zero on a falling curve; costs are never negative.
+        return np.maximum(value, 0.0)
+
+    def at(self, layer: int, micro_batch: float, *, extrapolate: bool = False) -> dict[str, float]:
+        """All columns of one layer at ``micro_batch`` samples (seconds and bytes)."""
+        if not 0 <= layer < self.n_layers:
+            raise IndexError(f"layer {layer} not in profile of {self.n_layers} layers")
+        return {
+            c: float(self.column_at(c, micro_batch, extrapolate=extrapolate)[layer])
+            for c in _TIME_COLUMNS + _BYTE_COLUMNS
+        }
+
+    def span_cost(
+        self, first: int, stop: int, micro_batch: float, *, extrapolate: bool = False
+    ) -> LayerCost:
+        """Cost of layers ``first .. stop-1`` run as one stage on ``micro_batch`` samples.
+
+        ``stash_bytes`` counts each tensor once: a boundary tensor saved by both the
+        layer that made it and the layer that reads it is one tensor.
+        """
+        if not 0 <= first < stop <= self.n_layers:
+            raise IndexError(f"layer span [{first}, {stop}) not in 0..{self.n_layers}")
+        cols = {c: self.column_at(c, micro_batch, extrapolate=extrapolate)[first:stop]
+                for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+        saved = cols["saved_bytes"]
+        s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
+        # Inner boundaries: output of layer i is the input of layer i+1, one storage.
+        shared = np.minimum(s_out[:-1], s_in[1:]).sum() if stop - first > 1 else 0.0
+        # The stage output stays alive until its backward (autograd holds it for the
+        # gradient that arrives from the next stage), saved or not.
+        stash = saved.sum() - shared - s_out[-1] + cols["output_bytes"][-1]
+        return LayerCost(
+            fwd_s=float(cols["fwd_s"].sum()),
+            bwd_s=float(cols["bwd_s"].sum()),
+            input_bytes=float(cols["input_bytes"][0]),
+            output_bytes=float(cols["output_bytes"][-1]),
+            stash_bytes=float(stash),
+            param_bytes=float(cols["param_bytes"].sum()),
+        )
+
+    def layer_times(self, micro_batch: float, *, extrapolate: bool = False) -> np.ndarray:
+        """Forward+backward seconds of every layer at ``micro_batch``, shape [n_layers]."""
+        return (self.column_at("fwd_s", micro_batch, extrapolate=extrapolate)
+                + self.column_at("bwd_s", micro_batch, extrapolate=extrapolate))
+
+    # ------------------------------------------------------------------- files
+    def save(self, path: str | Path) -> Path:
+        """Write ``path`` (.csv) and its metadata beside it (.json); returns the CSV path."""
+        csv_path = Path(path).with_suffix(".csv")
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        self.table[list(COLUMNS)].to_csv(csv_path, index=False)
+        csv_path.with_suffix(".json").write_text(json.dumps(self.meta, indent=2, default=str))
+        return csv_path
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        """Read and validate a profile written by :meth:`save`.
+
+        Raises :class:`ProfileError` naming the file, column and row of any problem.
+        """
+        csv_path = Path(path)
+        if csv_path.suffix != ".csv":
+            csv_path = csv_path.with_suffix(".csv")
+        if not csv_path.exists():
+            raise ProfileError(f"{csv_path}: no such profile file")
+        try:
+            # Read as strings so that type problems are reported by us, per cell.
+            table = pd.read_csv(csv_path, dtype=str, keep_default_na=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+            raise ProfileError(f"{csv_path}: not a readable CSV table ({exc})") from exc
+        meta_path = csv_path.with_suffix(".json")
+        meta: dict[str, Any] = {}
+        if meta_path.exists():
+            try:
+                meta = json.loads(meta_path.read_text())
+            except json.JSONDecodeError as exc:
+                raise ProfileError(f"{meta_path}: metadata is not valid JSON ({exc})") from exc
+            if not isinstance(meta, dict):
+                raise ProfileError(f"{meta_path}: metadata must be a JSON object")
+        return cls(table=table, meta=meta, source=str(csv_path))
+
+    def summary(self) -> pd.DataFrame:
+        """Per-layer forward/backward ms and MiB at every measured size (for display)."""
+        t = self.table.copy()
+        t["fwd_ms"] = t["fwd_s"] * 1e3
+        t["bwd_ms"] = t["bwd_s"] * 1e3
+        t["saved_MiB"] = t["saved_bytes"] / 2**20
+        t["output_MiB"] = t["output_bytes"] / 2**20
+        return t[["layer", "name", "micro_batch", "fwd_ms", "bwd_ms", "saved_MiB", "output_MiB"]]
+
+
+def _convert(table: pd.DataFrame, column: str, kind: str, source: str) -> pd.Series:
+    """Convert one column to its kind, naming the first bad cell (1-based data row)."""
+    values = table[column]
+    if kind == "str":
+        return values.astype(str)
+    numbers = pd.to_numeric(values, errors="coerce")
+    bad = numbers.isna() & values.notna()
+    if values.dtype == object:
+        # Empty strings or words ("fast") come back NaN; the literal "nan" too.
+        bad = numbers.isna()
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise ProfileError(
+            f"{source}: column '{column}', row {row + 1}: "
+            f"{values.iloc[row]!r} is not a number"
+        )
+    if kind == "int":
+        frac = numbers != np.floor(numbers)
+        if frac.any():
+            row = int(np.flatnonzero(frac.to_numpy())[0])
+            raise ProfileError(
+                f"{source}: column '{column}', row {row + 1}: "
+                f"{values.iloc[row]!r} is not an integer"
+            )
+        return numbers.astype("int64")
+    return numbers.astype(float)
+
+
+def validate_table(table: pd.DataFrame, source: str = "<memory>") -> pd.DataFrame:
+    """Check a profile table and return it with proper dtypes; never changes values.
+
+    Rows are numbered from 1 as in a spreadsheet (the header not counted).
+    """
+    missing = [c for c in COLUMNS if c not in table.columns]
+    if missing:
+        raise ProfileError(f"{source}: missing column(s) {', '.join(repr(c) for c in missing)}")
+    if len(table) == 0:
+        raise ProfileError(f"{source}: the profile has no rows")
+    table = table.reset_index(drop=True)
+    out = pd.DataFrame({c: _convert(table, c, k, source) for c, k in COLUMNS.items()})
+    for column in _TIME_COLUMNS + _BYTE_COLUMNS + ("layer", "micro_batch"):
+        values = out[column].to_numpy(dtype=float)
+        bad = ~np.isfinite(values)
+        if bad.any():
+            row = int(np.flatnonzero(bad)[0])
+            raise ProfileError(f"{source}: column '{column}', row {row + 1}: {values[row]} is not finite")
+        low = values < (1 if column == "micro_batch" else 0)
+        if low.any():
+            row = int(np.flatnonzero(low)[0])
+            what = "must be at least 1" if column == "micro_batch" else "is negative"
+            raise ProfileError(f"{source}: column '{column}', row {row + 1}: {values[row]:g} {what}")
+    dup = out.duplicated(["layer", "micro_batch"], keep="first")
+    if dup.any():
+        row = int(np.flatnonzero(dup.to_numpy())[0])
+        raise ProfileError(
+            f"{source}: row {row + 1} duplicates (layer={out['layer'].iloc[row]}, "
+            f"micro_batch={out['micro_batch'].iloc[row]})"
+        )
+    layers = sorted(out["layer"].unique())
+    if layers != list(range(len(layers))):
+        gap = next(i for i, v in enumerate(layers) if i != v)
+        raise ProfileError(f"{source}: column 'layer': layer {gap} is missing (layers must be 0..N-1)")
+    sizes = set(out["micro_batch"].unique())
+    for layer, group in out.groupby("layer"):
+        have = set(group["micro_batch"])
+        if have != sizes:
+            lacking = sorted(sizes - have)
+            raise ProfileError(
+                f"{source}: layer {layer} lacks micro_batch size(s) {lacking} that other layers have"
+            )
+    for col in ("saved_input_bytes", "saved_output_bytes"):
+        over = out[col] > out["saved_bytes"]
+        if over.any():
+            row = int(np.flatnonzero(over.to_numpy())[0])
+            raise ProfileError(
+                f"{source}: column '{col}', row {row + 1}: {out[col].iloc[row]} exceeds saved_bytes "
+                f"{out['saved_bytes'].iloc[row]}"
+            )
+    return out
+
+
+def split_sizes(batch_size: int, chunks: int) -> list[int]:
+    """Micro-batch sizes as ``torch.Tensor.chunk`` splits ``batch_size`` rows.
+
+    ``chunk`` uses ceil(batch/chunks) rows per piece, so fewer pieces than ``chunks``
+    can come out (10 rows in 4 chunks -> 3, 3, 3, 1; 5 rows in 4 chunks -> 2, 2, 1).
+    """
+    if chunks < 1:
+        raise ValueError(f"chunks must be at least 1, got {chunks}")
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    step = math.ceil(batch_size / chunks)
+    return [min(step, batch_size - start) for start in range(0, batch_size, step)]
