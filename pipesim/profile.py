@@ -132,6 +132,15 @@ class Profile:
         w = (micro_batch - sizes[lo]) / (sizes[hi] - sizes[lo])
         return lo, hi, w
 
+    def columns_at(self, micro_batch: float, *, extrapolate: bool = False) -> dict[str, np.ndarray]:
+        """Every numeric column for every layer at ``micro_batch`` (cached; see column_at)."""
+        key = (float(micro_batch), extrapolate)
+        cache = self.__dict__.setdefault("_at_cache", {})
+        if key not in cache:
+            cache[key] = {c: self._column_at(c, micro_batch, extrapolate)
+                          for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+        return cache[key]
+
     def column_at(self, column: str, micro_batch: float, *, extrapolate: bool = False) -> np.ndarray:
         """One column for every layer at ``micro_batch`` samples, shape [n_layers].
 
@@ -139,6 +148,9 @@ class Profile:
         the measured range raises :class:`ProfileRangeError` unless ``extrapolate``.
         With one measured size, times and bytes are scaled in proportion.
         """
+        return self.columns_at(micro_batch, extrapolate=extrapolate)[column].copy()
+
+    def _column_at(self, column: str, micro_batch: float, extrapolate: bool) -> np.ndarray:
         grid = self._grid[column]
         lo, hi, w = self._weights(micro_batch, extrapolate)
         if lo == hi:
@@ -154,10 +166,8 @@ class Profile:
         """All columns of one layer at ``micro_batch`` samples (seconds and bytes)."""
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} not in profile of {self.n_layers} layers")
-        return {
-            c: float(self.column_at(c, micro_batch, extrapolate=extrapolate)[layer])
-            for c in _TIME_COLUMNS + _BYTE_COLUMNS
-        }
+        cols = self.columns_at(micro_batch, extrapolate=extrapolate)
+        return {c: float(cols[c][layer]) for c in _TIME_COLUMNS + _BYTE_COLUMNS}
 
     def span_cost(
         self, first: int, stop: int, micro_batch: float, *, extrapolate: bool = False
@@ -169,8 +179,8 @@ class Profile:
         """
         if not 0 <= first < stop <= self.n_layers:
             raise IndexError(f"layer span [{first}, {stop}) not in 0..{self.n_layers}")
-        cols = {c: self.column_at(c, micro_batch, extrapolate=extrapolate)[first:stop]
-                for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+        cols = {c: v[first:stop]
+                for c, v in self.columns_at(micro_batch, extrapolate=extrapolate).items()}
         saved = cols["saved_bytes"]
         s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
         # Inner boundaries: output of layer i is the input of layer i+1, one storage.
@@ -304,7 +314,7 @@ def validate_table(table: pd.DataFrame, source: str = "<memory>") -> pd.DataFram
     for layer, group in out.groupby("layer"):
         have = set(group["micro_batch"])
         if have != sizes:
-            lacking = sorted(sizes - have)
+            lacking = sorted(int(v) for v in sizes - have)
             raise ProfileError(
                 f"{source}: layer {layer} lacks micro_batch size(s) {lacking} that other layers have"
             )

@@ -1,0 +1,103 @@
+"""The ``pipesim`` console command: torch-side commands added to pipesim's own.
+
+``profile`` and ``demo`` need torch; ``simulate`` comes from :mod:`pipesim.cli` unchanged.
+torch is imported only when a torch-side command runs, so ``pipesim simulate`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from pipesim.cli import UserError, build_parser, parse_ints, run
+
+
+def parse_sizes(pairs: Sequence[str]) -> dict:
+    """``["width=256", "depth=4"]`` -> ``{"width": 256, "depth": 4}`` (ints where possible)."""
+    sizes = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise UserError(f"--set expects key=value, got {pair!r}")
+        key, value = pair.split("=", 1)
+        try:
+            sizes[key] = int(value)
+        except ValueError:
+            try:
+                sizes[key] = float(value)
+            except ValueError:
+                sizes[key] = value
+    return sizes
+
+
+def profile_model(model_name: str, sizes: dict, micro_batches: list[int], device: str,
+                  dtype: str, repeats: int, warmup: int, progress: bool = True):
+    """Build a built-in model and profile it; returns ``(BuiltinModel, Profile)``."""
+    import torch
+
+    from executor.models import build_model
+    from executor.profiler import profile
+
+    try:
+        built = build_model(model_name, **sizes)
+    except TypeError as exc:
+        raise UserError(f"model {model_name!r}: {exc}") from None
+    torch_dtype = getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise UserError(f"unknown dtype {dtype!r} (try float32, bfloat16, float64)")
+    batch = built.make_batch(max(micro_batches))
+    prof = profile(built.module, batch, micro_batches, device, loss_fn=built.loss_fn,
+                   repeats=repeats, warmup=warmup, dtype=torch_dtype, progress=progress,
+                   meta={"model": model_name, "model_sizes": built.sizes})
+    return built, prof
+
+
+def add_profile_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="gpt", help="built-in model: mlp, resnet, gpt (default gpt)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="model size, e.g. --set n_layers=6 (repeatable)")
+    p.add_argument("--sizes", default="1,2,4,8", help="micro-batch sizes to measure")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    sizes = parse_ints(args.sizes, "--sizes")
+    t0 = time.perf_counter()
+    _, prof = profile_model(args.model, parse_sizes(args.set), sizes, args.device, args.dtype,
+                            args.repeats, args.warmup)
+    path = prof.save(args.out)
+    print(prof.summary().round(4).to_string(index=False))
+    print(f"profiled {prof.n_layers} layers x {len(sizes)} sizes in "
+          f"{time.perf_counter() - t0:.1f} s; wrote {path} and {path.with_suffix('.json')}")
+    return 0
+
+
+def add_profile(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="measure a built-in model's layers",
+                       description="Profile every layer of a built-in model at several "
+                       "micro-batch sizes; write PROFILE.csv and PROFILE.json.")
+    add_profile_options(p)
+    p.add_argument("--out", default="out/profile.csv", help="profile CSV path")
+    p.set_defaults(func=cmd_profile)
+
+
+def add_demo(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("demo", help="end to end on the default model (CPU)",
+                       description="Profile the default model, balance it, simulate GPipe and "
+                       "1F1B, and write every output under --out.")
+    p.add_argument("--out", default="out/demo")
+    p.add_argument("--quick", action="store_true", help="fewer repetitions (for tests)")
+    p.set_defaults(func=lambda a: __import__("executor.demo", fromlist=["main"]).main(a))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run(build_parser(extra=(add_profile, add_demo)), argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""The Cluster: devices, the links between them, and the executor's per-action overheads.
+
+Devices here are the pipeline's workers (one action list each).  Several workers may
+share one physical device (``physical``): one GPU standing in for many.  Workers on one
+physical device share its compute (their actions run one at a time) and its memory, and
+hand tensors over without a copy.
+
+Overheads are what the profile does not see: the executor's time around each compute
+action (queueing, hooks, Python) and each transfer.  ``executor.calibrate`` measures them;
+the presets below are starting points, not measurements.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pipesim.errors import ClusterError
+
+
+@dataclass(frozen=True)
+class Link:
+    """A one-way link: a transfer of ``b`` bytes takes ``latency_s + b / bandwidth_Bps``."""
+
+    latency_s: float = 0.0
+    bandwidth_Bps: float = math.inf
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + (nbytes / self.bandwidth_Bps if nbytes else 0.0)
+
+
+FREE = Link(0.0, math.inf)
+
+
+@dataclass(frozen=True)
+class Device:
+    """A worker: its name, the physical device it runs on, that device's memory (bytes)."""
+
+    name: str
+    physical: str = ""
+    memory_bytes: float = math.inf
+
+    @property
+    def resource(self) -> str:
+        """The compute resource this worker uses (its physical device)."""
+        return self.physical or self.name
+
+
+@dataclass
+class Cluster:
+    """Workers, links and overheads (seconds, bytes, bytes/second)."""
+
+    devices: list[Device]
+    link: Link = FREE
+    #: overrides of ``link`` for ordered pairs (src worker, dst worker)
+    links: dict[tuple[int, int], Link] = field(default_factory=dict)
+    compute_overhead_s: float = 0.0
+    transfer_overhead_s: float = 0.0
+    name: str = "cluster"
+
+    def __post_init__(self) -> None:
+        if not self.devices:
+            raise ClusterError("a cluster needs at least one device")
+        for what, v in (("compute_overhead_s", self.compute_overhead_s),
+                        ("transfer_overhead_s", self.transfer_overhead_s),
+                        ("link latency_s", self.link.latency_s)):
+            if v < 0 or math.isnan(v):
+                raise ClusterError(f"{what} must be non-negative, got {v}")
+        if not self.link.bandwidth_Bps > 0:
+            raise ClusterError(f"link bandwidth must be positive, got {self.link.bandwidth_Bps}")
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    def link_between(self, src: int, dst: int) -> Link:
+        """The link from worker ``src`` to worker ``dst``; free on one physical device."""
+        if self.devices[src].resource == self.devices[dst].resource:
+            return FREE
+        return self.links.get((src, dst), self.link)
+
+    # ---------------------------------------------------------------- presets
+    @classmethod
+    def free(cls, n: int) -> Cluster:
+        """``n`` devices, instantaneous links, no overheads: the analytic model."""
+        return cls([Device(f"dev{i}") for i in range(n)], name="free")
+
+    @classmethod
+    def cpu_processes(cls, n: int, memory_bytes: float = math.inf) -> Cluster:
+        """``n`` CPU processes talking over gloo on loopback (rough defaults)."""
+        return cls([Device(f"cpu{i}", memory_bytes=memory_bytes) for i in range(n)],
+                   link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
+                   name="cpu_processes")
+
+    @classmethod
+    def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
+        """``n`` GPUs on NVLink (H100-class: ~10 us, ~300 GB/s a direction, rough)."""
+        return cls([Device(f"cuda:{i}", memory_bytes=memory_bytes) for i in range(n)],
+                   link=Link(10e-6, 300e9), compute_overhead_s=20e-6, name="nvlink_gpus")
+
+    @classmethod
+    def pcie_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
+        """``n`` GPUs on PCIe 4/5 (~15 us, ~25 GB/s a direction, rough)."""
+        return cls([Device(f"cuda:{i}", memory_bytes=memory_bytes) for i in range(n)],
+                   link=Link(15e-6, 25e9), compute_overhead_s=20e-6, name="pcie_gpus")
+
+    @classmethod
+    def shared_gpu(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
+        """``n`` workers on one GPU ``cuda:0``: shared compute and memory, no copies."""
+        return cls([Device(f"w{i}", physical="cuda:0", memory_bytes=memory_bytes)
+                    for i in range(n)], compute_overhead_s=20e-6, name="shared_gpu")
+
+    # ------------------------------------------------------------------ files
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["links"] = [{"src": s, "dst": t, **asdict(link)} for (s, t), link in self.links.items()]
+        return d
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+        return path
+
+    @classmethod
+    def from_dict(cls, d: dict, source: str = "<dict>") -> Cluster:
+        try:
+            devices = [Device(**dev) for dev in d["devices"]]
+            links = {(int(x["src"]), int(x["dst"])): Link(x["latency_s"], x["bandwidth_Bps"])
+                     for x in d.get("links", [])}
+            return cls(devices=devices, link=Link(**d.get("link", {})), links=links,
+                       compute_overhead_s=float(d.get("compute_overhead_s", 0.0)),
+                       transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
+                       name=d.get("name", "cluster"))
+        except (KeyError, TypeError) as exc:
+            raise ClusterError(f"{source}: malformed cluster description ({exc!r})") from None
+
+    @classmethod
+    def load(cls, path: str | Path) -> Cluster:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ClusterError(f"{path}: no such cluster file") from None
+        except json.JSONDecodeError as exc:
+            raise ClusterError(f"{path}: not valid JSON ({exc})") from None
+        return cls.from_dict(data, source=str(path))

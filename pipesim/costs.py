@@ -1,0 +1,72 @@
+"""Per-stage, per-micro-batch costs of a Plan, read from a Profile once and cached.
+
+The simulator and the tuner both ask "how long is F(s, m), how many bytes does it keep";
+this module is the one place that answers, so they cannot disagree.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Costs of one stage on one micro-batch (seconds, bytes).
+
+    ``keep_bytes`` stays alive from the end of F to the end of B (the stage input is not
+    included: it is the received buffer, accounted where it arrives).  Checkpointed
+    micro-batches keep only their output; their backward re-runs the forward
+    (``recompute_s``) and holds ``recompute_bytes`` while it runs.
+    """
+
+    fwd_s: float
+    bwd_s: float
+    recompute_s: float
+    input_bytes: float
+    output_bytes: float
+    keep_bytes: float
+    recompute_bytes: float
+    param_bytes: float
+
+
+class PlanCosts:
+    """``cost(stage, microbatch)`` for a Plan on a Profile, at the real micro-batch sizes."""
+
+    def __init__(self, profile: Profile, plan: Plan, *, extrapolate: bool = False):
+        plan.check_layers(profile.n_layers)
+        self.plan = plan
+        sizes = plan.micro_batch_sizes
+        cache: dict[tuple[int, int, bool], StageCost] = {}
+        self._table: list[list[StageCost]] = []
+        for s in range(plan.n_stages):
+            layers = plan.stage_layers(s)
+            row = []
+            for m, size in enumerate(sizes):
+                ckpt = plan.checkpointed(m)
+                key = (s, size, ckpt)
+                if key not in cache:
+                    span = profile.span_cost(layers.start, layers.stop, size, extrapolate=extrapolate)
+                    # The input is the previous stage's output, accounted on arrival.
+                    first = profile.at(layers.start, size, extrapolate=extrapolate)
+                    internal = span.stash_bytes - first["saved_input_bytes"]
+                    cache[key] = StageCost(
+                        fwd_s=span.fwd_s,
+                        bwd_s=span.bwd_s,
+                        recompute_s=span.fwd_s if ckpt else 0.0,
+                        input_bytes=span.input_bytes,
+                        output_bytes=span.output_bytes,
+                        keep_bytes=span.output_bytes if ckpt else internal,
+                        recompute_bytes=internal - span.output_bytes if ckpt else 0.0,
+                        param_bytes=span.param_bytes,
+                    )
+                row.append(cache[key])
+            self._table.append(row)
+
+    def cost(self, stage: int, microbatch: int) -> StageCost:
+        return self._table[stage][microbatch]
+
+    def stage_param_bytes(self, stage: int) -> float:
+        return self._table[stage][0].param_bytes

@@ -1,0 +1,124 @@
+"""Pictures of a Trace: Gantt chart, memory over time, Chrome-trace JSON for Perfetto.
+
+matplotlib is imported lazily so ``import pipesim`` stays light.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pandas as pd
+
+from pipesim.trace import Trace
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
+#: colours by action kind (forward, backward, recompute, transfers)
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "SEND_F": "#8C8C8C",
+           "SEND_B": "#B0B0B0"}
+_LABELS = {"F": "forward", "B": "backward", "R": "recompute", "SEND_F": "send activation",
+           "SEND_B": "send gradient"}
+
+
+def _rows(actions: pd.DataFrame, by: str) -> list[str]:
+    """Row labels of the chart: stages (or devices), then links."""
+    compute = actions[actions["kind"].isin(["F", "B", "R"])]
+    keys = sorted(compute[by].unique())
+    labels = [f"{by} {k}" for k in keys]
+    links = sorted(actions.loc[actions["kind"].str.startswith("SEND"), "resource"].unique())
+    return labels + [f"link {r}" for r in links]
+
+
+def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str | None = None,
+          t0: float | None = None, label_microbatches: bool = True) -> Axes:
+    """Draw the trace's actions as bars, one row per stage (``by='stage'``) or device.
+
+    Transfers get one row per link.  Recomputation is drawn over the start of its
+    backward.  Times are shown in milliseconds from ``t0`` (default: the first start).
+    """
+    import matplotlib.pyplot as plt
+
+    a = trace.actions
+    if ax is None:
+        _, ax = plt.subplots(figsize=(12, 0.45 * max(len(_rows(a, by)), 2) + 1.2))
+    rows = _rows(a, by)
+    index = {label: i for i, label in enumerate(rows)}
+    t0 = float(a["start"].min()) if t0 is None else t0
+    seen: set[str] = set()
+    for kind in ("F", "B", "R", "SEND_F", "SEND_B"):
+        part = a[a["kind"] == kind]
+        if part.empty:
+            continue
+        if kind.startswith("SEND"):
+            ys = [index[f"link {r}"] for r in part["resource"]]
+        else:
+            ys = [index[f"{by} {k}"] for k in part[by]]
+        starts = (part["start"].to_numpy() - t0) * 1e3
+        widths = (part["end"] - part["start"]).to_numpy() * 1e3
+        height = 0.5 if kind == "R" else 0.8
+        ax.barh(ys, widths, left=starts, height=height, color=COLOURS[kind], edgecolor="white",
+                linewidth=0.5, label=_LABELS[kind] if kind not in seen else None)
+        seen.add(kind)
+        if label_microbatches and kind in ("F", "B") and len(part) <= 400:
+            for y, x, w, mb in zip(ys, starts, widths, part["microbatch"], strict=True):
+                ax.text(x + w / 2, y, str(mb), ha="center", va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(rows)), rows)
+    ax.invert_yaxis()
+    ax.set_xlabel("time (ms)")
+    ax.legend(loc="upper right", fontsize=8, ncol=len(seen))
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def memory_chart(trace: Trace, ax: Axes | None = None, *, title: str | None = None) -> Axes:
+    """Allocated bytes (MiB) over time per device, as steps."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.5))
+    mem = trace.memory
+    if mem.empty:
+        ax.text(0.5, 0.5, "no memory timeline", ha="center", transform=ax.transAxes)
+        return ax
+    t0 = float(trace.actions["start"].min())
+    for device, part in mem.groupby("device", sort=True):
+        ax.step((part["time"] - t0) * 1e3, part["bytes"] / 2**20, where="post", label=str(device))
+    ax.set_xlabel("time (ms)")
+    ax.set_ylabel("allocated (MiB)")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def chrome_trace(trace: Trace, path: str | Path) -> Path:
+    """Write Chrome-trace JSON (opens in Perfetto / chrome://tracing); times in microseconds.
+
+    One process per device, one thread for compute and one per outgoing link; memory as
+    counter events.
+    """
+    events = []
+    a = trace.actions
+    for row in a.itertuples(index=False):
+        is_send = str(row.kind).startswith("SEND")
+        events.append({
+            "name": f"{row.stage}{row.kind}{row.microbatch}" if not is_send
+            else f"{row.kind} s{row.stage} mb{row.microbatch}",
+            "cat": row.kind, "ph": "X", "ts": float(row.start) * 1e6,
+            "dur": float(row.end - row.start) * 1e6, "pid": int(row.device),
+            "tid": str(row.resource) if is_send else "compute",
+            "args": {"stage": int(row.stage), "microbatch": int(row.microbatch),
+                     "iteration": int(row.iteration), "bytes": int(row.nbytes)},
+        })
+    for row in trace.memory.itertuples(index=False):
+        events.append({"name": f"memory {row.device}", "ph": "C", "ts": float(row.time) * 1e6,
+                       "pid": str(row.device), "args": {"MiB": float(row.bytes) / 2**20}})
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                                "metadata": {k: str(v) for k, v in trace.meta.items()}}))
+    return path

@@ -1,0 +1,336 @@
+"""The SimPy model of a pipeline: a Schedule run on a Cluster with Profile costs.
+
+Each worker is a SimPy process that walks its action list in order.  An action starts
+when (a) the worker reached it, (b) its inputs arrived, and (c) its physical device's
+compute is free (workers sharing a GPU queue on one resource).  A finished F(s, m)
+sends its output to stage s+1, a finished B(s, m) its input gradient to stage s-1, over
+the link between the two workers: each direction of a link streams one transfer's bytes
+at a time (a copy stream / an async send), so transfers overlap compute but not each
+other; latency delays arrival without occupying the link.
+
+Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
+per-action overhead; a checkpointed backward also re-runs the forward.  Optional jitter
+multiplies each duration by a seeded log-normal factor (and a straggler's factor).
+
+Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
+
+    static      parameters + optimizer state, from time 0
+    gradients   + parameter bytes at the first backward of each stage
+    stash       + keep_bytes at the end of F(s, m), - at the end of B(s, m)
+    received    + input bytes when an activation arrives from another device,
+                + output bytes when a gradient arrives; freed at the end of B(s, m)
+    transient   during B: the input gradient being produced, the loss gradient on the
+                last stage, and the recomputed activations when checkpointed
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+import simpy
+
+from pipesim.cluster import FREE, Cluster
+from pipesim.costs import PlanCosts, StageCost
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.schedule import FORWARD, Schedule, build_schedule
+from pipesim.trace import ACTION_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
+
+#: (stage, kind, microbatch) -> seconds; replaces the profile's time of that action.
+Durations = dict[tuple[int, str, int], float]
+
+
+@dataclass
+class Jitter:
+    """What-if noise: each duration x lognormal(0, sigma) x stragglers.get(worker, 1)."""
+
+    sigma: float = 0.0
+    stragglers: dict[int, float] = field(default_factory=dict)
+    seed: int = 0
+
+
+class _Step(NamedTuple):
+    """One action compiled for the SimPy loop (all lookups done once per simulation)."""
+
+    stage: int
+    kind: str
+    wait: int  # event the action waits for is ``wait + 2 * mb``; -1: none
+    seconds: float  # total duration before jitter (overhead and recomputation included)
+    recompute_s: float
+    alloc_start: float  # bytes allocated when it starts
+    alloc_end: float  # bytes allocated (negative: freed) when it ends
+    send: _Send | None
+
+
+class _Send(NamedTuple):
+    kind: str  # SEND_F or SEND_B
+    event: int  # the receiver's event is ``event + 2 * mb``
+    link: tuple[int, int] | None  # (src, dst) worker pair, None for a hand-over
+    seconds: float  # link occupancy: overhead + bytes / bandwidth
+    latency_s: float
+    nbytes: float
+    src_device: str
+    dst_device: str  # "" when the hand-over needs no new memory
+
+
+class _Run:
+    """One simulated iteration; times are offset by ``origin`` seconds."""
+
+    def __init__(self, sim: Simulator, iteration: int, origin: float,
+                 rng: np.random.Generator | None):
+        self.sim, self.iteration, self.origin, self.rng = sim, iteration, origin, rng
+        self.env = simpy.Environment()
+        self.events: list[simpy.Event | None] = [None] * sim.n_events
+        self.link_free: dict[tuple[int, int], float] = defaultdict(float)
+        self.rows: list[tuple] = []
+        self.mem_rows: list[tuple] = []
+        self.mem: dict[str, float] = {}
+        # A resource only where workers share a device: a lone worker is sequential anyway.
+        self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources}
+        for device, static in sim.static_bytes.items():
+            self._alloc(device, 0.0, static)
+
+    def _alloc(self, device: str, t: float, delta: float) -> None:
+        if delta == 0 or not self.sim.track_memory:
+            return
+        now = self.mem.get(device, 0.0) + delta
+        self.mem[device] = now
+        self.mem_rows.append((self.iteration, device, self.origin + t, now))
+
+    def _event(self, index: int) -> simpy.Event:
+        ev = self.events[index]
+        if ev is None:
+            ev = self.events[index] = self.env.event()
+        return ev
+
+    def _send(self, src: int, stage: int, mb: int, send: _Send) -> None:
+        event = send.event + 2 * mb
+        if send.link is None:
+            self._event(event).succeed()
+            return
+        env = self.env
+        now = env.now
+        # The link is busy while the bytes stream (one transfer at a time per direction);
+        # latency only delays the arrival, so back-to-back sends pipeline.
+        start = max(now, self.link_free[send.link])
+        self.link_free[send.link] = start + send.seconds
+        end = start + send.seconds + send.latency_s
+        self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
+                          self.origin + end, int(send.nbytes), f"dev{src}->dev{send.link[1]}"))
+
+        def arrive(_event: simpy.Event) -> None:
+            if send.dst_device:
+                if send.kind == "SEND_B":  # the sender's input-gradient buffer goes free
+                    self._alloc(send.src_device, end, -send.nbytes)
+                self._alloc(send.dst_device, end, send.nbytes)
+            self._event(event).succeed()
+
+        env.timeout(end - now).callbacks.append(arrive)
+
+    def worker(self, w: int):
+        # The hot loop of every simulation: locals and inlined bookkeeping on purpose.
+        env, sim, rows, it, origin = self.env, self.sim, self.rows, self.iteration, self.origin
+        events, mem, mem_rows = self.events, self.mem, self.mem_rows
+        track = sim.track_memory
+        device = sim.resource_of[w]
+        resource = self.compute.get(device)
+        jitter = self.rng is not None
+        name = f"dev{w}"
+        timeout = env.timeout
+        for mb, step in sim.programs[w]:
+            if step.wait >= 0:
+                ev = events[step.wait + 2 * mb]
+                if ev is None:
+                    ev = events[step.wait + 2 * mb] = env.event()
+                if not ev.processed:
+                    yield ev
+            if resource is not None:
+                req = resource.request()
+                yield req
+            start = env.now
+            if track and step.alloc_start:
+                mem[device] = level = mem.get(device, 0.0) + step.alloc_start
+                mem_rows.append((it, device, origin + start, level))
+            seconds = step.seconds
+            if jitter:
+                seconds *= sim.jitter.stragglers.get(w, 1.0)
+                if sim.jitter.sigma:
+                    seconds *= float(self.rng.lognormal(0.0, sim.jitter.sigma))
+            yield timeout(seconds)
+            end = env.now
+            if track and step.alloc_end:
+                mem[device] = level = mem.get(device, 0.0) + step.alloc_end
+                mem_rows.append((it, device, origin + end, level))
+            if step.recompute_s:
+                r_end = start + seconds * step.recompute_s / step.seconds
+                rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
+            rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
+            if resource is not None:
+                resource.release(req)
+            if step.send is not None:
+                self._send(w, step.stage, mb, step.send)
+
+    def run(self) -> float:
+        """Simulate; returns the iteration's end time (absolute seconds)."""
+        procs = [self.env.process(self.worker(w)) for w in range(self.sim.schedule.n_devices)]
+        self.env.run()
+        unfinished = [w for w, p in enumerate(procs) if p.is_alive]
+        if unfinished:  # cannot happen for a checked schedule; guard against a stall
+            raise RuntimeError(f"simulation stalled: workers {unfinished} did not finish")
+        return self.origin + self.env.now
+
+
+class Simulator:
+    """Compiles plan, schedule, costs and cluster once; ``run`` simulates iterations."""
+
+    def __init__(self, profile: Profile, plan: Plan, cluster: Cluster | None = None, *,
+                 schedule: Schedule | None = None, jitter: Jitter | None = None,
+                 durations: Durations | None = None, track_memory: bool = True,
+                 extrapolate: bool = False):
+        self.profile, self.plan = profile, plan
+        self.schedule = schedule or build_schedule(plan)
+        if self.schedule.n_stages != plan.n_stages:
+            raise ValueError(f"schedule has {self.schedule.n_stages} stages, plan {plan.n_stages}")
+        if self.schedule.n_microbatches != plan.n_microbatches:
+            raise ValueError(f"schedule has {self.schedule.n_microbatches} micro-batches, plan "
+                             f"{plan.n_microbatches}")
+        self.cluster = cluster or Cluster.free(self.schedule.n_devices)
+        if self.cluster.n_devices < self.schedule.n_devices:
+            raise ValueError(f"the schedule needs {self.schedule.n_devices} devices, the cluster "
+                             f"has {self.cluster.n_devices}")
+        self.placement = self.schedule.placement
+        self.resource_of = [d.resource for d in self.cluster.devices]
+        self.costs = PlanCosts(profile, plan, extrapolate=extrapolate)
+        self.jitter = jitter
+        self.durations = durations or {}
+        self.track_memory = track_memory
+        self._compile()
+
+    def _compile(self) -> None:
+        """Turn every action into a shared :class:`_Step` with its times, bytes and send.
+
+        Steps depend on the micro-batch only through its cost (size, checkpointing), so
+        equal steps are built once: ``programs[w]`` is a list of ``(microbatch, step)``.
+        """
+        plan, costs = self.plan, self.costs
+        n, m = plan.n_stages, plan.n_microbatches
+        workers = range(self.schedule.n_devices)
+        # Event (stage * m + mb) * 2 + is_backward: the stage's input (or gradient) arrived.
+        self.n_events = 2 * n * m
+        users = defaultdict(list)
+        for w in workers:
+            users[self.resource_of[w]].append(w)
+        self.shared_resources = [r for r, ws in users.items() if len(ws) > 1]
+        factor = 1 + plan.optimizer_state_factor
+        self.static_bytes: dict[str, float] = defaultdict(float)
+        for s in range(n):
+            self.static_bytes[self.resource_of[self.placement[s]]] += (
+                costs.stage_param_bytes(s) * factor)
+        cache: dict[tuple, _Step] = {}
+        self.programs: list[list[tuple[int, _Step]]] = []
+        for w in workers:
+            grads_seen: set[int] = set()
+            program = []
+            for s, kind, mb in self.schedule.order[w]:
+                c = costs.cost(s, mb)
+                first_backward = kind != FORWARD and s not in grads_seen
+                if kind != FORWARD:
+                    grads_seen.add(s)
+                key = (s, kind, id(c), first_backward)
+                if self.durations and (s, kind, mb) in self.durations:
+                    step = self._step(w, s, kind, c, first_backward, self.durations[(s, kind, mb)])
+                else:
+                    step = cache.get(key)
+                    if step is None:
+                        step = cache[key] = self._step(w, s, kind, c, first_backward, None)
+                program.append((mb, step))
+            self.programs.append(program)
+
+    def _step(self, w: int, s: int, kind: str, c: StageCost, first_backward: bool,
+              measured: float | None) -> _Step:
+        n, m = self.plan.n_stages, self.plan.n_microbatches
+        overhead = self.cluster.compute_overhead_s
+        device = self.resource_of[w]
+        if kind == FORWARD:
+            seconds = (c.fwd_s if measured is None else measured) + overhead
+            send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
+            return _Step(s, kind, s * m * 2 if s > 0 else -1, seconds, 0.0, 0.0, c.keep_bytes, send)
+        in_grad = c.input_bytes if s > 0 else 0.0
+        loss_grad = c.output_bytes if s == n - 1 else 0.0
+        alloc_start = c.recompute_bytes + in_grad + loss_grad
+        if first_backward:  # gradients are allocated by the first backward
+            alloc_start += c.param_bytes
+        # Freed at the end: stash, recomputed activations, loss gradient, the received
+        # activation (another device's) and the received gradient.  The input gradient
+        # lives on: handed to stage s-1 on this device, or freed when its send ends.
+        freed = c.recompute_bytes + loss_grad + c.keep_bytes
+        if s > 0 and self.resource_of[self.placement[s - 1]] != device:
+            freed += c.input_bytes
+        if s < n - 1:
+            freed += c.output_bytes
+        if measured is None:
+            seconds, recompute = c.bwd_s + c.recompute_s + overhead, c.recompute_s
+        else:
+            seconds = measured + overhead
+            recompute = min(c.recompute_s, seconds)
+        send = self._send(w, s, s - 1, "SEND_B", c.input_bytes) if s > 0 else None
+        wait = s * m * 2 + 1 if s < n - 1 else -1
+        return _Step(s, kind, wait, seconds, recompute, alloc_start, -freed, send)
+
+    def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float) -> _Send:
+        m = self.plan.n_microbatches
+        dst = self.placement[dst_stage]
+        event = dst_stage * m * 2 + (kind == "SEND_B")
+        src_dev, dst_dev = self.resource_of[src], self.resource_of[dst]
+        link = self.cluster.link_between(src, dst) if src != dst else FREE
+        over = self.cluster.transfer_overhead_s
+        if src == dst or (link is FREE and not over):
+            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, "")
+        occupancy = over + link.seconds(nbytes) - link.latency_s
+        return _Send(kind, event, (src, dst), occupancy, link.latency_s, nbytes, src_dev,
+                     dst_dev if dst_dev != src_dev else "")
+
+    def run(self, iterations: int = 1) -> Trace:
+        rng = np.random.default_rng(self.jitter.seed) if self.jitter else None
+        rows: list[tuple] = []
+        mem_rows: list[tuple] = []
+        origin = 0.0
+        for it in range(iterations):
+            run = _Run(self, it, origin, rng)
+            origin = run.run()
+            rows += run.rows
+            mem_rows += run.mem_rows
+        actions = frame_from_rows(rows, ACTION_COLUMNS)
+        memory = frame_from_rows(mem_rows, MEMORY_COLUMNS)
+        meta = {
+            "source": "simulated",
+            "batch_size": self.plan.batch_size,
+            "plan": self.plan.to_dict(),
+            "schedule": self.schedule.name,
+            "cluster": self.cluster.name,
+            "profile": self.profile.source,
+            "devices": {w: d.resource for w, d in enumerate(self.cluster.devices)},
+        }
+        return Trace(actions, memory, meta)
+
+
+def simulate(profile: Profile, plan: Plan, cluster: Cluster | None = None, *,
+             schedule: Schedule | None = None, iterations: int = 1, jitter: Jitter | None = None,
+             durations: Durations | None = None, track_memory: bool = True,
+             extrapolate: bool = False) -> Trace:
+    """Predict ``iterations`` training steps of ``plan`` on ``cluster`` from ``profile``.
+
+    ``schedule`` defaults to the one the plan names (pass one to simulate a custom or
+    imported schedule); ``cluster`` defaults to free links with no overheads.
+    ``durations`` replaces profile times of individual actions (replaying a measured
+    run).  Returns a :class:`pipesim.trace.Trace`; feed it to :func:`pipesim.metrics`.
+    """
+    sim = Simulator(profile, plan, cluster, schedule=schedule, jitter=jitter,
+                    durations=durations, track_memory=track_memory, extrapolate=extrapolate)
+    return sim.run(iterations)
+
+
+__all__ = ["Durations", "Jitter", "Simulator", "simulate"]

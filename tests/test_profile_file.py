@@ -1,0 +1,138 @@
+"""The Profile file format: round trips, and every bad file named precisely."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from pipesim import Profile, ProfileError, ProfileRangeError, split_sizes
+from tests.helpers import uniform_profile
+
+
+def write_table(tmp_path, table: pd.DataFrame, name: str = "bad.csv"):
+    path = tmp_path / name
+    table.to_csv(path, index=False)
+    return path
+
+
+def test_round_trip_keeps_table_and_metadata(tmp_path):
+    prof = uniform_profile(3, sizes=(1, 4, 16))
+    prof.meta.update({"device": "cpu", "threads": 2})
+    path = prof.save(tmp_path / "p.csv")
+    back = Profile.load(path)
+    pd.testing.assert_frame_equal(back.table, prof.table)
+    assert back.meta == prof.meta
+    assert back.source == str(path)
+
+
+def test_files_are_plain_csv_and_json(tmp_path):
+    path = uniform_profile(2).save(tmp_path / "p")
+    assert path.suffix == ".csv"
+    assert path.read_text().splitlines()[0].startswith("layer,name,micro_batch,fwd_s")
+    assert path.with_suffix(".json").exists()
+
+
+@pytest.fixture
+def good_table():
+    return uniform_profile(2, sizes=(1, 2)).table.copy()
+
+
+def test_missing_column_is_named(tmp_path, good_table):
+    path = write_table(tmp_path, good_table.drop(columns=["bwd_s"]))
+    with pytest.raises(ProfileError, match=r"bad\.csv: missing column\(s\) 'bwd_s'"):
+        Profile.load(path)
+
+
+def test_nan_time_names_column_and_row(tmp_path, good_table):
+    good_table["fwd_s"] = good_table["fwd_s"].astype(object)
+    good_table.loc[2, "fwd_s"] = np.nan
+    path = write_table(tmp_path, good_table)
+    with pytest.raises(ProfileError, match=r"bad\.csv: column 'fwd_s', row 3"):
+        Profile.load(path)
+
+
+def test_negative_time_names_column_and_row(tmp_path, good_table):
+    good_table.loc[1, "bwd_s"] = -0.5
+    path = write_table(tmp_path, good_table)
+    with pytest.raises(ProfileError, match=r"column 'bwd_s', row 2: -0.5 is negative"):
+        Profile.load(path)
+
+
+def test_duplicated_layer_size_row(tmp_path, good_table):
+    table = pd.concat([good_table, good_table.iloc[[0]]], ignore_index=True)
+    path = write_table(tmp_path, table)
+    with pytest.raises(ProfileError, match=r"row 5 duplicates \(layer=0, micro_batch=1\)"):
+        Profile.load(path)
+
+
+def test_wrong_type_names_the_cell(tmp_path, good_table):
+    good_table["output_bytes"] = good_table["output_bytes"].astype(object)
+    good_table.loc[3, "output_bytes"] = "lots"
+    path = write_table(tmp_path, good_table)
+    with pytest.raises(ProfileError, match=r"column 'output_bytes', row 4: 'lots' is not a number"):
+        Profile.load(path)
+
+
+def test_fractional_integer_column(tmp_path, good_table):
+    good_table["micro_batch"] = good_table["micro_batch"].astype(float)
+    good_table.loc[0, "micro_batch"] = 1.5
+    path = write_table(tmp_path, good_table)
+    with pytest.raises(ProfileError, match=r"column 'micro_batch', row 1: '1.5' is not an integer"):
+        Profile.load(path)
+
+
+def test_layer_without_every_size(tmp_path, good_table):
+    path = write_table(tmp_path, good_table.drop(index=3))
+    with pytest.raises(ProfileError, match=r"layer 1 lacks micro_batch size\(s\) \[2\]"):
+        Profile.load(path)
+
+
+def test_missing_file_and_bad_metadata(tmp_path, good_table):
+    with pytest.raises(ProfileError, match="no such profile file"):
+        Profile.load(tmp_path / "nope.csv")
+    path = write_table(tmp_path, good_table, "p.csv")
+    path.with_suffix(".json").write_text("{not json")
+    with pytest.raises(ProfileError, match=r"p\.json: metadata is not valid JSON"):
+        Profile.load(path)
+
+
+def test_loading_never_changes_the_file(tmp_path, good_table):
+    good_table.loc[0, "fwd_s"] = -1.0
+    path = write_table(tmp_path, good_table)
+    before = path.read_bytes()
+    with pytest.raises(ProfileError):
+        Profile.load(path)
+    assert path.read_bytes() == before
+
+
+def test_interpolates_linearly_inside_the_range():
+    prof = uniform_profile(2, fwd_s=1.0, sizes=(2, 8))
+    assert prof.at(0, 5)["fwd_s"] == pytest.approx(5.0)
+    assert prof.at(1, 2)["output_bytes"] == pytest.approx(200)
+
+
+def test_refuses_outside_the_range_unless_asked():
+    prof = uniform_profile(2, sizes=(2, 8))
+    with pytest.raises(ProfileRangeError, match=r"micro-batch size 16 is outside the profiled range \[2, 8\]"):
+        prof.at(0, 16)
+    with pytest.warns(UserWarning, match="extrapolating"):
+        assert prof.at(0, 16, extrapolate=True)["fwd_s"] == pytest.approx(16.0)
+
+
+def test_span_counts_shared_boundary_tensors_once():
+    rows = []
+    # layer 0 saves its output (like ReLU); layer 1 saves its input (like Linear): one tensor
+    for layer, (s_in, s_out) in enumerate([(0, 100), (100, 0)]):
+        rows.append(dict(layer=layer, name="L", micro_batch=1, fwd_s=1, bwd_s=1, input_bytes=100,
+                         output_bytes=100, saved_bytes=s_in + s_out + 50, saved_input_bytes=s_in,
+                         saved_output_bytes=s_out, param_bytes=0))
+    span = Profile(pd.DataFrame(rows)).span_cost(0, 2, 1)
+    # 50 + 50 internals, one shared boundary tensor (100), the stage output kept (100)
+    assert span.stash_bytes == 300
+
+
+@pytest.mark.parametrize(("batch", "chunks", "sizes"), [
+    (8, 4, [2, 2, 2, 2]), (10, 4, [3, 3, 3, 1]), (5, 4, [2, 2, 1]), (3, 3, [1, 1, 1])])
+def test_split_sizes_follow_tensor_chunk(batch, chunks, sizes):
+    assert split_sizes(batch, chunks) == sizes

@@ -1,0 +1,229 @@
+"""The simulator against closed forms, memory rules and properties over random inputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pipesim.cluster import Cluster, Device, Link
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import Jitter, simulate
+from pipesim.trace import metrics
+from tests.helpers import uniform_profile
+
+F, B = 1.0, 2.0  # per sample and layer, in the uniform profile
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("n", "m"), [(2, 1), (2, 4), (4, 4), (4, 8), (8, 3)])
+def test_uniform_iteration_time_and_bubble(schedule, n, m):
+    prof = uniform_profile(n, fwd_s=F, bwd_s=B)
+    trace = simulate(prof, Plan([1] * n, m, m, checkpoint="never", schedule=schedule))
+    got = metrics(trace)
+    assert got.iteration_time_s == pytest.approx((m + n - 1) * (F + B), abs=1e-9)
+    for d in range(n):
+        assert got.bubble[d] == pytest.approx((n - 1) / (m + n - 1), abs=1e-9)
+    assert got.throughput == pytest.approx(m / ((m + n - 1) * (F + B)))
+
+
+@pytest.mark.parametrize(("n", "v", "m"), [(2, 2, 4), (4, 2, 8), (4, 3, 8), (2, 4, 6)])
+def test_interleaved_shrinks_the_bubble_by_v(n, v, m):
+    prof = uniform_profile(n * v)
+    plan = Plan([1] * (n * v), m, m, checkpoint="never", schedule="interleaved", virtual_stages=v)
+    got = metrics(simulate(prof, plan))
+    for d in range(n):
+        idle = got.iteration_time_s - got.busy_s[d]
+        assert idle / got.busy_s[d] == pytest.approx((n - 1) / (v * m), abs=1e-9)
+
+
+def test_always_checkpoint_recomputes_every_forward():
+    n, m = 3, 4
+    got = metrics(simulate(uniform_profile(n), Plan([1] * n, m, m, checkpoint="always")))
+    assert got.iteration_time_s == pytest.approx((m + n - 1) * (2 * F + B))
+
+
+def test_last_micro_batch_may_be_smaller():
+    prof = uniform_profile(2, sizes=(1, 8))
+    trace = simulate(prof, Plan([1, 1], 4, 10, checkpoint="never"))  # sizes 3, 3, 3, 1
+    f = trace.actions.query("kind == 'F' and stage == 0").sort_values("microbatch")
+    assert list((f.end - f.start).round(9)) == [3.0, 3.0, 3.0, 1.0]
+
+
+def _level_after_forwards(trace, device="dev0"):
+    """Memory on ``device`` when stage 0 has run all forwards (before any backward)."""
+    first_b = trace.actions.query("kind == 'B' and stage == 0")["start"].min()
+    mem = trace.memory[(trace.memory.device == device) & (trace.memory.time < first_b)]
+    return mem["bytes"].iloc[-1]
+
+
+def _stash_per_microbatch(prof, checkpoint):
+    plan = Plan([1] * prof.n_layers, 1, 1, checkpoint=checkpoint)
+    from pipesim.costs import PlanCosts
+
+    return PlanCosts(prof, plan).cost(0, 0).keep_bytes
+
+
+@pytest.mark.parametrize(("schedule", "n", "m", "held"), [
+    ("gpipe", 4, 8, 8), ("1f1b", 4, 8, 4), ("1f1b", 4, 2, 2), ("gpipe", 2, 5, 5)])
+def test_stage0_holds_m_micro_batches_under_gpipe_and_n_under_1f1b(schedule, n, m, held):
+    prof = uniform_profile(n, sizes=(1, 2))
+    trace = simulate(prof, Plan([1] * n, m, m, checkpoint="never", schedule=schedule))
+    got = metrics(trace)
+    static = 1000 * 3  # params + Adam state
+    grads = 1000
+    per_mb = _stash_per_microbatch(prof, "never")
+    assert got.peak_memory_bytes["dev0"] == pytest.approx(static + grads + held * per_mb)
+
+
+def test_always_keeps_only_stage_boundaries():
+    small = uniform_profile(2, saved_bytes=300)
+    big = uniform_profile(2, saved_bytes=3000)  # layers keep 10x more internals
+    plan = Plan([1, 1], 4, 4, checkpoint="always")
+    levels = [_level_after_forwards(simulate(p, plan)) for p in (small, big)]
+    assert levels[0] == levels[1] == 3000 + 4 * 100  # static + 4 stage outputs
+
+
+def test_except_last_differs_from_always_by_exactly_the_last_micro_batch():
+    prof = uniform_profile(2)
+    always = _level_after_forwards(simulate(prof, Plan([1, 1], 4, 4, checkpoint="always")))
+    except_last = _level_after_forwards(simulate(prof, Plan([1, 1], 4, 4, checkpoint="except_last")))
+    full, ckpt = _stash_per_microbatch(prof, "never"), _stash_per_microbatch(prof, "always")
+    assert except_last - always == pytest.approx(full - ckpt)
+
+
+def test_links_delay_arrivals_and_occupy_by_bandwidth():
+    prof = uniform_profile(2, act_bytes=1000, saved_bytes=3000)
+    cluster = Cluster([Device("a"), Device("b")], link=Link(latency_s=0.5, bandwidth_Bps=1000.0))
+    trace = simulate(prof, Plan([1, 1], 2, 2, checkpoint="never"), cluster)
+    sends = trace.actions.query("kind == 'SEND_F'").sort_values("start")
+    assert list(sends.end - sends.start) == pytest.approx([1.5, 1.5])  # 1 s of bytes + latency
+    f1 = trace.actions.query("kind == 'F' and stage == 1").sort_values("microbatch")
+    assert list(f1.start) == pytest.approx(list(sends.end))
+
+
+def test_shared_gpu_serialises_compute():
+    prof = uniform_profile(2)
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    shared = metrics(simulate(prof, plan, Cluster.shared_gpu(2)))
+    # two workers on one device: no overlap, so the time is the sum of all work (+ overheads)
+    assert shared.iteration_time_s == pytest.approx(2 * 4 * (F + B) + 16 * 20e-6)
+    assert list(shared.peak_memory_bytes) == ["cuda:0"]
+
+
+def test_jitter_is_seeded_and_absent_by_default():
+    prof = uniform_profile(2)
+    plan = Plan([1, 1], 4, 4)
+    a = metrics(simulate(prof, plan, jitter=Jitter(sigma=0.2, seed=1), iterations=3))
+    b = metrics(simulate(prof, plan, jitter=Jitter(sigma=0.2, seed=1), iterations=3))
+    c = metrics(simulate(prof, plan, iterations=3))
+    assert a.iteration_times_s == b.iteration_times_s
+    assert len(set(a.iteration_times_s)) == 3
+    assert len(set(c.iteration_times_s)) == 1
+    slow = metrics(simulate(prof, plan, jitter=Jitter(stragglers={1: 2.0})))
+    assert slow.busy_s[1] == pytest.approx(2 * c.busy_s[1])
+
+
+# ------------------------------------------------------------------ properties
+@st.composite
+def scenarios(draw):
+    n_layers = draw(st.integers(2, 8))
+    sizes = (1, 4)
+    rows = []
+    for layer in range(n_layers):
+        f = draw(st.floats(0.01, 2.0))
+        b = draw(st.floats(0.01, 4.0))
+        out = draw(st.integers(0, 500))
+        for s in sizes:
+            rows.append(dict(layer=layer, name="X", micro_batch=s, fwd_s=f * s, bwd_s=b * s,
+                             input_bytes=out * s, output_bytes=out * s, saved_bytes=2 * out * s,
+                             saved_input_bytes=out * s, saved_output_bytes=0, param_bytes=100))
+    prof = Profile(pd.DataFrame(rows))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b", "interleaved"]))
+    v = 2 if schedule == "interleaved" else 1
+    n_dev = draw(st.integers(1, max(1, n_layers // v)))
+    n_stages = n_dev * v
+    cuts = sorted(draw(st.lists(st.integers(1, n_layers - 1), min_size=n_stages - 1,
+                                max_size=n_stages - 1, unique=True)))
+    bounds = [0, *cuts, n_layers]
+    balance = [bounds[i + 1] - bounds[i] for i in range(n_stages)]
+    m = draw(st.integers(1, 6)) * (n_dev if schedule == "interleaved" else 1)
+    batch = m * draw(st.integers(1, 4))
+    checkpoint = draw(st.sampled_from(["always", "except_last", "never"]))
+    plan = Plan(balance, m, batch, checkpoint=checkpoint, schedule=schedule, virtual_stages=v)
+    cluster = Cluster([Device(f"d{i}") for i in range(n_dev)],
+                      link=Link(draw(st.floats(0, 0.5)), draw(st.floats(100.0, 1e5))))
+    return prof, plan, cluster
+
+
+def _no_overlap(frame):
+    for _, part in frame.groupby("resource"):
+        part = part.sort_values("start")
+        assert (part["start"].to_numpy()[1:] >= part["end"].to_numpy()[:-1] - 1e-9).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_property_resources_never_overlap_and_dependencies_hold(case):
+    prof, plan, cluster = case
+    a = simulate(prof, plan, cluster).actions
+    compute = a[a.kind.isin(["F", "B"])]
+    _no_overlap(compute)
+    sends = a[a.kind.str.startswith("SEND")].copy()
+    sends["end"] -= cluster.link.latency_s  # latency delays arrival, it does not hold the link
+    _no_overlap(sends)
+    done = {(r.stage, r.kind, r.microbatch): r.end for r in compute.itertuples()}
+    arrive = {(r.stage, r.kind, r.microbatch): r.end for r in a[a.kind.str.startswith("SEND")].itertuples()}
+    n = plan.n_stages
+    for r in compute.itertuples():
+        s, mb = r.stage, r.microbatch
+        if r.kind == "F" and s > 0:
+            ready = arrive.get((s - 1, "SEND_F", mb), done[(s - 1, "F", mb)])
+            assert r.start >= ready - 1e-9
+        if r.kind == "B":
+            assert r.start >= done[(s, "F", mb)] - 1e-9
+            if s < n - 1:
+                ready = arrive.get((s + 1, "SEND_B", mb), done[(s + 1, "B", mb)])
+                assert r.start >= ready - 1e-9
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios())
+def test_property_iteration_time_is_at_least_the_critical_path(case):
+    prof, plan, cluster = case
+    trace = simulate(prof, plan, cluster)
+    got = metrics(trace)
+    a = trace.actions
+    dur = (a.end - a.start).where(a.kind.isin(["F", "B"]), 0.0)
+    # every device's own work, and every micro-batch's chain through all stages
+    assert got.iteration_time_s >= max(got.busy_s.values()) - 1e-9
+    chain = dur.groupby(a.microbatch).sum().max()
+    assert got.iteration_time_s >= chain - 1e-9
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenarios(), st.floats(0.0, 3.0), st.integers(0, 10_000))
+def test_property_longer_tasks_never_shorten_the_iteration(case, extra, pick):
+    prof, plan, _ = case
+    cluster = Cluster.free(plan.n_devices)  # max-plus system: monotone by construction
+    base_trace = simulate(prof, plan, cluster)
+    base = metrics(base_trace).iteration_time_s
+    rows = base_trace.actions[base_trace.actions.kind.isin(["F", "B"])]
+    durations = {(r.stage, r.kind, r.microbatch): r.end - r.start for r in rows.itertuples()}
+    key = sorted(durations)[pick % len(durations)]
+    durations[key] += extra
+    slower = metrics(simulate(prof, plan, cluster, durations=durations)).iteration_time_s
+    assert slower >= base - 1e-9
+
+
+def test_replaying_own_durations_reproduces_the_trace():
+    prof = uniform_profile(4)
+    plan = Plan([1] * 4, 4, 8, checkpoint="except_last", schedule="1f1b")
+    first = simulate(prof, plan, Cluster.cpu_processes(4))
+    rows = first.actions[first.actions.kind.isin(["F", "B"])]
+    durations = {(r.stage, r.kind, r.microbatch): r.end - r.start - 30e-6 for r in rows.itertuples()}
+    again = simulate(prof, plan, Cluster.cpu_processes(4), durations=durations)
+    assert np.allclose(first.actions.end, again.actions.end)
