@@ -10,7 +10,6 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from pathlib import Path
 
 from pipesim.cli import UserError, build_parser, parse_ints, run
 

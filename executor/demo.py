@@ -27,7 +27,7 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     repeats = 2 if args.quick else 5
     print(f"1/3 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
-    built, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8], "cpu", "float32", repeats, 1)
+    _, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8], "cpu", "float32", repeats, 1)
     profile_path = prof.save(out / "profile.csv")
     size = BATCH // CHUNKS
     balance = min_max_partition(prof.layer_times(size), STAGES)

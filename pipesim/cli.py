@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from pipesim.balance import even_balance, min_max_partition
+from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.errors import PipesimError
 from pipesim.plan import CHECKPOINT_MODES, Plan

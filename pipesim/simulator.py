@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 import simpy
 
 from pipesim.cluster import FREE, Cluster
@@ -74,66 +75,65 @@ class _Send(NamedTuple):
     nbytes: float
     src_device: str
     dst_device: str  # "" when the hand-over needs no new memory
+    resource: str  # the link's name in the trace, "dev0->dev1"
 
 
 class _Run:
-    """One simulated iteration; times are offset by ``origin`` seconds."""
+    """One simulated iteration; times are offset by ``origin`` seconds.
+
+    ``slots[i]`` tells whether stage input/gradient ``i`` has arrived: ``None`` (nothing
+    yet), a float (its arrival time, set by the sender), or a SimPy event the receiver
+    waits on (it got there first).  Most arrivals thus cost no SimPy event at all.
+    Memory changes are logged as deltas and accumulated after the run.
+    """
 
     def __init__(self, sim: Simulator, iteration: int, origin: float,
                  rng: np.random.Generator | None):
         self.sim, self.iteration, self.origin, self.rng = sim, iteration, origin, rng
         self.env = simpy.Environment()
-        self.events: list[simpy.Event | None] = [None] * sim.n_events
+        self.slots: list[float | simpy.Event | None] = [None] * sim.n_events
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.rows: list[tuple] = []
-        self.mem_rows: list[tuple] = []
-        self.mem: dict[str, float] = {}
+        self.deltas: list[tuple[str, float, float]] = [
+            (device, 0.0, static) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
         self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources}
-        for device, static in sim.static_bytes.items():
-            self._alloc(device, 0.0, static)
 
-    def _alloc(self, device: str, t: float, delta: float) -> None:
-        if delta == 0 or not self.sim.track_memory:
+    def _arrive(self, index: int, at: float) -> None:
+        """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
+        slot = self.slots[index]
+        if slot is None:
+            self.slots[index] = at
             return
-        now = self.mem.get(device, 0.0) + delta
-        self.mem[device] = now
-        self.mem_rows.append((self.iteration, device, self.origin + t, now))
-
-    def _event(self, index: int) -> simpy.Event:
-        ev = self.events[index]
-        if ev is None:
-            ev = self.events[index] = self.env.event()
-        return ev
+        delay = at - self.env.now  # the receiver is waiting on ``slot``
+        if delay <= 0:
+            slot.succeed()
+        else:
+            self.env.timeout(delay).callbacks.append(lambda _e: slot.succeed())
 
     def _send(self, src: int, stage: int, mb: int, send: _Send) -> None:
-        event = send.event + 2 * mb
+        index = send.event + 2 * mb
+        now = self.env.now
         if send.link is None:
-            self._event(event).succeed()
+            self._arrive(index, now)
             return
-        env = self.env
-        now = env.now
         # The link is busy while the bytes stream (one transfer at a time per direction);
         # latency only delays the arrival, so back-to-back sends pipeline.
         start = max(now, self.link_free[send.link])
         self.link_free[send.link] = start + send.seconds
         end = start + send.seconds + send.latency_s
         self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
-                          self.origin + end, int(send.nbytes), f"dev{src}->dev{send.link[1]}"))
-
-        def arrive(_event: simpy.Event) -> None:
-            if send.dst_device:
-                if send.kind == "SEND_B":  # the sender's input-gradient buffer goes free
-                    self._alloc(send.src_device, end, -send.nbytes)
-                self._alloc(send.dst_device, end, send.nbytes)
-            self._event(event).succeed()
-
-        env.timeout(end - now).callbacks.append(arrive)
+                          self.origin + end, send.nbytes, send.resource))
+        if send.dst_device and self.sim.track_memory:
+            if send.kind == "SEND_B":  # the sender's input-gradient buffer goes free
+                self.deltas.append((send.src_device, end, -send.nbytes))
+            self.deltas.append((send.dst_device, end, send.nbytes))
+        self._arrive(index, end)
 
     def worker(self, w: int):
         # The hot loop of every simulation: locals and inlined bookkeeping on purpose.
         env, sim, rows, it, origin = self.env, self.sim, self.rows, self.iteration, self.origin
-        events, mem, mem_rows = self.events, self.mem, self.mem_rows
+        slots, deltas = self.slots, self.deltas
         track = sim.track_memory
         device = sim.resource_of[w]
         resource = self.compute.get(device)
@@ -142,18 +142,19 @@ class _Run:
         timeout = env.timeout
         for mb, step in sim.programs[w]:
             if step.wait >= 0:
-                ev = events[step.wait + 2 * mb]
-                if ev is None:
-                    ev = events[step.wait + 2 * mb] = env.event()
-                if not ev.processed:
-                    yield ev
+                index = step.wait + 2 * mb
+                slot = slots[index]
+                if slot is None:
+                    slot = slots[index] = env.event()
+                    yield slot
+                elif slot.__class__ is float and slot > env.now:
+                    yield timeout(slot - env.now)
             if resource is not None:
                 req = resource.request()
                 yield req
             start = env.now
             if track and step.alloc_start:
-                mem[device] = level = mem.get(device, 0.0) + step.alloc_start
-                mem_rows.append((it, device, origin + start, level))
+                deltas.append((device, start, step.alloc_start))
             seconds = step.seconds
             if jitter:
                 seconds *= sim.jitter.stragglers.get(w, 1.0)
@@ -162,8 +163,7 @@ class _Run:
             yield timeout(seconds)
             end = env.now
             if track and step.alloc_end:
-                mem[device] = level = mem.get(device, 0.0) + step.alloc_end
-                mem_rows.append((it, device, origin + end, level))
+                deltas.append((device, end, step.alloc_end))
             if step.recompute_s:
                 r_end = start + seconds * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
@@ -181,6 +181,29 @@ class _Run:
         if unfinished:  # cannot happen for a checked schedule; guard against a stall
             raise RuntimeError(f"simulation stalled: workers {unfinished} did not finish")
         return self.origin + self.env.now
+
+    def memory_frame(self) -> pd.DataFrame:
+        """Levels ``(iteration, device, time, bytes)`` after each change, in time order.
+
+        Changes at the same instant apply frees first: on one device they are sequential
+        (a backward frees its stash before the next action allocates).
+        """
+        if not self.sim.track_memory or not self.deltas:
+            return frame_from_rows([], MEMORY_COLUMNS)
+        names = sorted({d for d, _, _ in self.deltas})
+        code = {name: i for i, name in enumerate(names)}
+        dev = np.fromiter((code[d] for d, _, _ in self.deltas), dtype=np.int64)
+        t = np.fromiter((x for _, x, _ in self.deltas), dtype=float)
+        delta = np.fromiter((x for _, _, x in self.deltas), dtype=float)
+        order = np.lexsort((delta, t, dev))  # by device, then time, frees first
+        dev, t, delta = dev[order], t[order], delta[order]
+        level = np.cumsum(delta)
+        starts = np.searchsorted(dev, np.arange(len(names)))
+        level -= np.repeat(np.concatenate([[0.0], level[starts[1:] - 1]]),
+                           np.diff(np.append(starts, len(dev))))
+        return pd.DataFrame({"iteration": self.iteration,
+                             "device": np.array(names, dtype=object)[dev],
+                             "time": self.origin + t, "bytes": level}, columns=MEMORY_COLUMNS)
 
 
 class Simulator:
@@ -288,23 +311,23 @@ class Simulator:
         link = self.cluster.link_between(src, dst) if src != dst else FREE
         over = self.cluster.transfer_overhead_s
         if src == dst or (link is FREE and not over):
-            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, "")
+            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, "", "")
         occupancy = over + link.seconds(nbytes) - link.latency_s
-        return _Send(kind, event, (src, dst), occupancy, link.latency_s, nbytes, src_dev,
-                     dst_dev if dst_dev != src_dev else "")
+        return _Send(kind, event, (src, dst), occupancy, link.latency_s, int(nbytes), src_dev,
+                     dst_dev if dst_dev != src_dev else "", f"dev{src}->dev{dst}")
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None
         rows: list[tuple] = []
-        mem_rows: list[tuple] = []
+        memories = []
         origin = 0.0
         for it in range(iterations):
             run = _Run(self, it, origin, rng)
             origin = run.run()
             rows += run.rows
-            mem_rows += run.mem_rows
+            memories.append(run.memory_frame())
         actions = frame_from_rows(rows, ACTION_COLUMNS)
-        memory = frame_from_rows(mem_rows, MEMORY_COLUMNS)
+        memory = memories[0] if len(memories) == 1 else pd.concat(memories, ignore_index=True)
         meta = {
             "source": "simulated",
             "batch_size": self.plan.batch_size,

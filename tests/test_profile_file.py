@@ -114,7 +114,7 @@ def test_interpolates_linearly_inside_the_range():
 
 def test_refuses_outside_the_range_unless_asked():
     prof = uniform_profile(2, sizes=(2, 8))
-    with pytest.raises(ProfileRangeError, match=r"micro-batch size 16 is outside the profiled range \[2, 8\]"):
+    with pytest.raises(ProfileRangeError, match=r"size 16 is outside the profiled range \[2, 8\]"):
         prof.at(0, 16)
     with pytest.warns(UserWarning, match="extrapolating"):
         assert prof.at(0, 16, extrapolate=True)["fwd_s"] == pytest.approx(16.0)

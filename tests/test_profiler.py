@@ -57,7 +57,7 @@ def test_every_builtin_model_profiles_at_two_sizes(name):
 
 
 def test_profile_rejects_non_sequential_and_small_batches():
-    with pytest.raises(TypeError, match="nn.Sequential"):
+    with pytest.raises(TypeError, match=r"nn\.Sequential"):
         profile(nn.Linear(2, 2), (torch.randn(2, 2), torch.zeros(2)), [1])
     built = build_model("mlp", **SMALL["mlp"])
     with pytest.raises(ValueError, match="fewer than the largest micro-batch size 8"):

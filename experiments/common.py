@@ -1,0 +1,44 @@
+"""Helpers shared by the experiment scripts: timing medians and result files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def median_seconds(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
+    """Median wall seconds of ``fn()`` over ``repeats`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def machine() -> dict:
+    import os
+
+    return {"machine": platform.machine(), "processor": platform.processor(),
+            "python": platform.python_version(), "cpus": os.cpu_count(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_results(name: str, table: pd.DataFrame, meta: dict, subdir: str = "") -> Path:
+    """Write ``results/[subdir/]NAME.csv`` and ``NAME.json`` (context); returns the CSV path."""
+    folder = RESULTS / subdir if subdir else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.csv"
+    table.to_csv(path, index=False)
+    path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str))
+    return path
