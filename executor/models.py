@@ -205,3 +205,14 @@ def build_model(name: str = DEFAULT_MODEL, **sizes: Any) -> BuiltinModel:
     if name not in BUILTIN_MODELS:
         raise ValueError(f"unknown model {name!r}; built-in models are {sorted(BUILTIN_MODELS)}")
     return BUILTIN_MODELS[name](**sizes)
+
+
+def builtin_job(name: str, batch_size: int, *, seed: int = 0, dtype: str = "float32",
+                **sizes: Any) -> tuple[nn.Sequential, Callable, torch.Tensor, torch.Tensor]:
+    """``(module, loss_fn, inputs, targets)`` of a built-in model: deterministic and picklable
+    through ``functools.partial``, so every rank of a multi-process run builds the same."""
+    torch_dtype = getattr(torch, dtype)
+    built = build_model(name, seed=seed, **sizes)
+    built.module.to(torch_dtype)
+    inputs, targets = built.make_batch(batch_size, seed=seed, dtype=torch_dtype)
+    return built.module, built.loss_fn, inputs, targets

@@ -1,0 +1,229 @@
+"""Running a Schedule with one process per rank over torch.distributed.
+
+Two ways in:
+
+* ``torchrun --nproc-per-node N your_script.py`` and, in the script, :func:`run_rank`
+  with the rank's model and batch (gloo on CPU, NCCL on CUDA);
+* :func:`spawn` from a notebook or test: starts the ranks itself on this machine, pins
+  each to its own cores if asked, gathers their traces into one measured Trace, and
+  turns the first failure into one error naming the rank, stage and action, stopping
+  the other ranks instead of leaving them blocked.
+
+Clocks: every rank reads ``perf_counter`` right after a barrier at the start of each
+iteration and reports times from there, so all ranks share one origin.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import socket
+import statistics
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from executor.microbatch import scatter
+from executor.partition import split_module
+from executor.pipeline import RunResult, check_inputs
+from executor.recorder import Recorder
+from executor.stage import StageRunner
+from executor.transport import DistTransport
+from pipesim.plan import Plan
+from pipesim.schedule import Schedule, build_schedule
+from pipesim.trace import ACTION_COLUMNS, Trace, frame_from_rows
+
+#: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
+Job = Callable[[], tuple[nn.Sequential, Callable, torch.Tensor, torch.Tensor]]
+
+
+class RankFailed(RuntimeError):
+    """A rank raised or died; the message names rank, stage and action where known."""
+
+
+@dataclass
+class RankResult:
+    rank: int
+    rows: list[tuple]
+    losses: list[float]
+    grads: dict[str, object] | None  # "stage.param" -> numpy array
+
+
+def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
+             targets: torch.Tensor, plan: Plan, *, schedule: Schedule | None = None,
+             device: torch.device | str = "cpu", iterations: int = 5, warmup: int = 2,
+             timeout_s: float = 120.0, fail_at: str | None = None,
+             return_grads: bool = False) -> RankResult:
+    """Run this rank's part of ``schedule`` (process group already initialised).
+
+    Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
+    the last stage's rank the targets.  Gradients are cleared before each iteration.
+    """
+    schedule = schedule or build_schedule(plan)
+    check_inputs(module, plan, schedule, inputs.shape[0])
+    device = torch.device(device)
+    mine = {s: stage.to(device) for s, stage in enumerate(split_module(module, plan.balance))
+            if schedule.placement[s] == rank}
+    xs = scatter(inputs.to(device), plan)
+    ys = scatter(targets.to(device), plan)
+    transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s)
+    rows: list[tuple] = []
+    losses: list[float] = []
+    offset = 0.0
+    for i in range(warmup + iterations):
+        for stage in mine.values():
+            stage.zero_grad(set_to_none=True)
+        dist.barrier()
+        recorder = Recorder(rank, device, origin=time.perf_counter())
+        if device.type == "cuda":
+            recorder.origin_event = torch.cuda.Event(enable_timing=True)
+            recorder.origin_event.record()
+        runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
+                             fail_at=fail_at)
+        runner.run(schedule.order[rank], xs, ys)
+        transport.finish_iteration()
+        it_rows = recorder.rows(i - warmup)
+        # one span per iteration, agreed by all ranks, lays iterations end to end
+        span = torch.tensor([max((r[6] for r in it_rows), default=0.0)], dtype=torch.float64)
+        dist.all_reduce(span, op=dist.ReduceOp.MAX)
+        if i >= warmup:
+            rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
+            offset += float(span)
+            losses.append(sum(runner.losses.values()))
+    grads = None
+    if return_grads:
+        # named as in the unsplit module; numpy pickles by value, while a tensor would
+        # travel as a shared-memory handle that dies with this process
+        my_layers = {str(i) for s in mine for i in plan.stage_layers(s)}
+        grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
+                 if name.split(".")[0] in my_layers and p.grad is not None}
+    return RankResult(rank, rows, losses, grads)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, Schedule]],
+            options: dict, results: mp.Queue) -> None:
+    try:
+        threads = options.get("threads_per_rank")
+        if threads:
+            torch.set_num_threads(threads)
+        cores = options.get("cores")
+        if cores:
+            os.sched_setaffinity(0, cores[rank])
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world,
+                                timeout=timedelta(seconds=options.get("timeout_s", 120)))
+        module, loss_fn, inputs, targets = job()
+        for index, (plan, schedule) in enumerate(runs):
+            result = run_rank(rank, module, loss_fn, inputs[: plan.batch_size],
+                              targets[: plan.batch_size], plan, schedule=schedule,
+                              iterations=options.get("iterations", 5),
+                              warmup=options.get("warmup", 2),
+                              timeout_s=options.get("timeout_s", 120),
+                              fail_at=options.get("fail_at", {}).get(rank),
+                              return_grads=options.get("return_grads", False))
+            results.put(("ok", rank, (index, result)))
+        dist.destroy_process_group()
+    except BaseException as exc:
+        results.put(("error", rank, f"rank {rank}: {type(exc).__name__}: {exc}\n"
+                                    f"{traceback.format_exc(limit=4)}"))
+
+
+def spawn(job: Job, plan: Plan, *, schedule: Schedule | None = None,
+          **options) -> tuple[RunResult, dict[int, RankResult]]:
+    """Start one process per rank on this machine (gloo, CPU), run ``plan``, gather a Trace.
+
+    ``job`` must be picklable (a module-level function or ``functools.partial``): each
+    rank calls it to build its model and batch.  Options as :func:`spawn_plans`.
+    Raises :class:`RankFailed` within about ``timeout_s`` if any rank fails.
+    """
+    return spawn_plans(job, [plan], schedules=[schedule], **options)[0]
+
+
+def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None] | None = None,
+                iterations: int = 5, warmup: int = 2, threads_per_rank: int = 1,
+                pin_cores: bool = False, timeout_s: float = 120.0,
+                fail_at: dict[int, str] | None = None,
+                return_grads: bool = False) -> list[tuple[RunResult, dict[int, RankResult]]]:
+    """Run several plans (same number of ranks) in one set of processes, one after another.
+
+    Starting processes and the process group costs seconds, so grids share them.  Each
+    plan may use the first ``plan.batch_size`` samples of the job's batch.
+    ``fail_at={rank: "1F0"}`` injects a failure; ``pin_cores`` gives each rank its own
+    share of this process's CPUs.
+    """
+    schedules = schedules or [None] * len(plans)
+    runs = [(p, s or build_schedule(p)) for p, s in zip(plans, schedules, strict=True)]
+    worlds = {s.n_devices for _, s in runs}
+    if len(worlds) != 1:
+        raise ValueError(f"plans need different numbers of ranks {sorted(worlds)}; spawn them apart")
+    world = worlds.pop()
+    options = {"iterations": iterations, "warmup": warmup, "threads_per_rank": threads_per_rank,
+               "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads}
+    if pin_cores:
+        cpus = sorted(os.sched_getaffinity(0))
+        per = max(1, len(cpus) // world)
+        options["cores"] = {r: set(cpus[r * per:(r + 1) * per]) or {cpus[r % len(cpus)]}
+                            for r in range(world)}
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, world, port, job, runs, options, results),
+                         daemon=True) for r in range(world)]
+    for p in procs:
+        p.start()
+    done: dict[tuple[int, int], RankResult] = {}
+    expected = world * len(runs)
+    # start-up, then each plan's work: the ranks' own receive timeouts bound every wait
+    deadline = time.monotonic() + 60 + timeout_s * len(runs)
+    try:
+        while len(done) < expected:
+            try:
+                status, rank, payload = results.get(timeout=0.2)
+            except queue.Empty:
+                finished = {r for r, _ in done if sum(1 for q, _ in done if q == r) == len(runs)}
+                dead = [r for r, p in enumerate(procs)
+                        if p.exitcode not in (None, 0) and r not in finished]
+                if dead:
+                    raise RankFailed(f"rank {dead[0]} died with exit code "
+                                     f"{procs[dead[0]].exitcode}") from None
+                if time.monotonic() > deadline:
+                    raise RankFailed("ranks did not finish in time; still waiting for "
+                                     f"{expected - len(done)} results") from None
+                continue
+            if status == "error":
+                raise RankFailed(payload.strip())
+            index, result = payload
+            done[(rank, index)] = result
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=10)
+    out = []
+    for index, (plan, schedule) in enumerate(runs):
+        ranks = {r: done[(r, index)] for r in range(world)}
+        rows = [row for r in sorted(ranks) for row in ranks[r].rows]
+        losses = ranks[schedule.placement[-1]].losses
+        meta = {"source": "measured", "transport": "torch.distributed/gloo",
+                "batch_size": plan.batch_size, "plan": plan.to_dict(), "schedule": schedule.name,
+                "devices": {r: f"rank{r}" for r in range(world)}, "iterations": iterations,
+                "warmup": warmup, "threads_per_rank": threads_per_rank, "pinned": pin_cores,
+                "torch": torch.__version__,
+                "median_loss": statistics.median(losses) if losses else None}
+        out.append((RunResult(Trace(frame_from_rows(rows, ACTION_COLUMNS), meta=meta), losses),
+                    ranks))
+    return out

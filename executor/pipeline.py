@@ -1,0 +1,189 @@
+"""Running a Schedule for real in one process: one worker thread per device.
+
+    pipe = Pipeline(model, plan, devices=["cpu", "cpu"], loss_fn=F.cross_entropy)
+    result = pipe.run(inputs, targets, iterations=5, warmup=2)
+    metrics(result.trace)            # the same function the simulator's traces go through
+
+Each iteration: gradients are cleared, every worker thread runs its device's action list
+(:class:`executor.stage.StageRunner`), and their timings become one measured
+:class:`pipesim.trace.Trace`.  A worker that fails stops the others (they are blocked
+at most one wait slice) and the error names its worker, stage and action.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from executor.ledger import cuda_peaks, reset_cuda_peaks
+from executor.microbatch import scatter
+from executor.partition import split_module
+from executor.recorder import Recorder
+from executor.stage import ActionFailed, StageRunner
+from executor.transport import PipelineAborted, ThreadTransport
+from pipesim.errors import PlanError
+from pipesim.plan import Plan
+from pipesim.schedule import Schedule, build_schedule
+from pipesim.trace import ACTION_COLUMNS, Trace, frame_from_rows
+
+
+@dataclass
+class RunResult:
+    """A measured run: the Trace of the measured iterations and each one's loss."""
+
+    trace: Trace
+    losses: list[float] = field(default_factory=list)
+
+    @property
+    def loss(self) -> float:
+        return self.losses[-1]
+
+
+def check_inputs(module: nn.Module, plan: Plan, schedule: Schedule, batch: int) -> None:
+    """Refuse, before anything starts, a schedule that does not fit the model or batch."""
+    if not isinstance(module, nn.Sequential):
+        raise TypeError(f"pipelines need an nn.Sequential, got {type(module).__name__}")
+    plan.check_layers(len(module))
+    if schedule.n_stages != plan.n_stages:
+        raise PlanError(f"schedule has {schedule.n_stages} stages but the plan has {plan.n_stages}")
+    if schedule.n_microbatches != plan.n_microbatches:
+        raise PlanError(f"schedule has {schedule.n_microbatches} micro-batches but the batch of "
+                        f"{plan.batch_size} in {plan.chunks} chunks makes {plan.n_microbatches}")
+    if batch != plan.batch_size:
+        raise PlanError(f"batch has {batch} samples but the plan's batch size is {plan.batch_size}")
+
+
+class Pipeline:
+    """One process, one worker thread per device, running ``schedule`` on ``module``."""
+
+    def __init__(self, module: nn.Sequential, plan: Plan,
+                 devices: Sequence[str | torch.device] | None = None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 schedule: Schedule | None = None, timeout_s: float = 300.0):
+        self.plan = plan
+        self.schedule = schedule or build_schedule(plan)
+        if not isinstance(module, nn.Sequential):
+            raise TypeError(f"pipelines need an nn.Sequential, got {type(module).__name__}")
+        plan.check_layers(len(module))
+        devices = [torch.device(d) for d in (devices or ["cpu"] * self.schedule.n_devices)]
+        if len(devices) < self.schedule.n_devices:
+            raise IndexError(f"{self.schedule.n_devices} devices needed, {len(devices)} given")
+        self.devices = devices[: self.schedule.n_devices]
+        self.module = module
+        self.loss_fn = loss_fn or nn.functional.cross_entropy
+        self.stages = split_module(module, plan.balance)
+        for s, stage in enumerate(self.stages):
+            stage.to(self.devices[self.schedule.placement[s]])
+        self.timeout_s = timeout_s
+        self.rng_lock = threading.Lock()
+
+    def _stages_of(self, worker: int) -> dict[int, nn.Module]:
+        return {s: self.stages[s] for s in range(self.plan.n_stages)
+                if self.schedule.placement[s] == worker}
+
+    def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, iteration: int = 0,
+             fail_at: tuple[int, str] | None = None) -> tuple[list[tuple], float, dict[str, int]]:
+        """One iteration (gradients accumulate into ``.grad``; clear them yourself).
+
+        Returns the trace rows, the batch's mean loss, and CUDA peak bytes per device.
+        ``fail_at=(worker, "1F0")`` injects a failure (for tests).
+        """
+        check_inputs(self.module, self.plan, self.schedule, inputs.shape[0])
+        first, last = self.devices[self.schedule.placement[0]], self.devices[
+            self.schedule.placement[-1]]
+        xs = scatter(inputs.to(first), self.plan)
+        ys = scatter(targets.to(last), self.plan)
+        transport = ThreadTransport(self.devices, self.schedule.placement, self.timeout_s)
+        reset_cuda_peaks(self.devices)
+        origin = time.perf_counter()
+        recorders = []
+        for w, dev in enumerate(self.devices):
+            rec = Recorder(w, dev, origin=origin)
+            if dev.type == "cuda":
+                rec.origin_event = torch.cuda.Event(enable_timing=True)
+                rec.origin_event.record(torch.cuda.current_stream(dev))
+            recorders.append(rec)
+        runners = [StageRunner(w, self._stages_of(w), self.plan, self.loss_fn, dev, transport,
+                               recorders[w], self.rng_lock,
+                               fail_at=fail_at[1] if fail_at and fail_at[0] == w else None)
+                   for w, dev in enumerate(self.devices)]
+        errors: list[BaseException] = []
+
+        def work(w: int) -> None:
+            dev = self.devices[w]
+            try:
+                ctx = (torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda"
+                       else _nullcontext())
+                with ctx:
+                    if dev.type == "cuda":
+                        torch.cuda.current_stream(dev).wait_event(recorders[w].origin_event)
+                    runners[w].run(self.schedule.order[w], xs, ys)
+            except PipelineAborted:
+                pass
+            except BaseException as exc:
+                errors.append(exc)
+                transport.abort(exc)
+
+        threads = [threading.Thread(target=work, args=(w,), name=f"pipesim-worker-{w}", daemon=True)
+                   for w in range(len(self.devices))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            first_error = errors[0]
+            if isinstance(first_error, ActionFailed):
+                raise ActionFailed(str(first_error)) from first_error.__cause__
+            raise first_error
+        transport.finish_iteration()
+        rows = [row for rec in recorders for row in rec.rows(iteration)]
+        loss = sum(runners[self.schedule.placement[-1]].losses.values())
+        return rows, loss, cuda_peaks(self.devices)
+
+    def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
+            warmup: int = 2) -> RunResult:
+        """``warmup`` unrecorded iterations, then ``iterations`` measured ones.
+
+        Gradients are cleared (set to None) before every iteration, so after the call
+        ``.grad`` holds the last iteration's gradients.  Times in the Trace are seconds
+        from the first measured iteration's origin, iterations laid end to end.
+        """
+        rows: list[tuple] = []
+        losses: list[float] = []
+        peaks: dict[str, int] = {}
+        offset = 0.0
+        for i in range(warmup + iterations):
+            self.module.zero_grad(set_to_none=True)
+            it_rows, loss, it_peaks = self.step(inputs, targets, iteration=i - warmup)
+            if i < warmup:
+                continue
+            span = max(r[6] for r in it_rows)
+            rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
+            offset += span
+            losses.append(loss)
+            for d, p in it_peaks.items():
+                peaks[d] = max(peaks.get(d, 0), p)
+        actions = frame_from_rows(rows, ACTION_COLUMNS)
+        meta = {"source": "measured", "transport": "threads", "batch_size": self.plan.batch_size,
+                "plan": self.plan.to_dict(), "schedule": self.schedule.name,
+                "devices": {w: str(d) for w, d in enumerate(self.devices)},
+                "iterations": iterations, "warmup": warmup, "torch": torch.__version__,
+                "median_loss": statistics.median(losses) if losses else None}
+        if peaks:
+            meta["peak_memory"] = peaks
+            meta["memory_source"] = "torch.cuda.max_memory_allocated"
+        return RunResult(Trace(actions, meta=meta), losses)
+
+
+class _nullcontext:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

@@ -1,0 +1,115 @@
+"""The stage runner: executes one worker's action list for the stages it holds.
+
+For every action of the Schedule assigned to this worker:
+
+    F(s, m):  x = micro-batch m (stage 0) or recv(s, F, m), detached into a leaf
+              y = stage_s(x)            (inside torch.utils.checkpoint if m is checkpointed)
+              last stage: loss_m = loss_fn(y, target_m) * |m| / batch  -> stash
+              otherwise:  send(y, s+1)                                 -> stash (x, y)
+    B(s, m):  backward(loss_m) on the last stage, else backward(y, recv(s, B, m))
+              send(x.grad, s-1)
+
+Stage boundaries are detached, so each stage back-propagates on its own worker; the
+weighted micro-batch losses add up to the full batch's mean loss and the gradients
+accumulate to exactly the full batch's.  Checkpointing preserves the random state, so
+dropout in the recomputation draws the first forward's masks.  Threads of one process
+share one random generator: where a worker's stages use dropout, its forwards and
+checkpointed backwards hold ``rng_lock`` so no other thread draws in between.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from executor.microbatch import loss_weight
+from executor.partition import has_dropout
+from executor.recorder import Recorder
+from pipesim.plan import Plan
+from pipesim.schedule import FORWARD, Action
+
+
+class ActionFailed(RuntimeError):
+    """An action raised; the message names the worker, stage and action."""
+
+
+class StageRunner:
+    """Runs one worker's actions; see the module docstring."""
+
+    def __init__(self, worker: int, stages: dict[int, nn.Module], plan: Plan,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                 device: torch.device, transport, recorder: Recorder,
+                 rng_lock: threading.Lock | None = None,
+                 fail_at: str | None = None):
+        self.worker, self.stages, self.plan, self.loss_fn = worker, stages, plan, loss_fn
+        self.device, self.transport, self.recorder = device, transport, recorder
+        self.last = plan.n_stages - 1
+        random = any(has_dropout(m) for m in stages.values())
+        self.rng_lock = rng_lock if (random and rng_lock is not None) else None
+        self.fail_at = fail_at
+        self.stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.losses: dict[int, float] = {}
+
+    def _locked(self):
+        return self.rng_lock if self.rng_lock is not None else contextlib.nullcontext()
+
+    def run(self, actions: tuple[Action, ...], inputs: list[torch.Tensor] | None,
+            targets: list[torch.Tensor] | None) -> None:
+        """Execute ``actions`` in order; any error becomes :class:`ActionFailed`."""
+        for action in actions:
+            try:
+                if self.fail_at is not None and str(action) == self.fail_at:
+                    raise RuntimeError("injected failure")
+                if action.kind == FORWARD:
+                    self.forward(action.stage, action.microbatch, inputs, targets)
+                else:
+                    self.backward(action.stage, action.microbatch)
+            except Exception as exc:
+                if exc.__class__.__name__ == "PipelineAborted":
+                    raise
+                raise ActionFailed(f"worker {self.worker} failed at stage {action.stage} action "
+                                   f"{action}: {type(exc).__name__}: {exc}") from exc
+
+    def forward(self, s: int, m: int, inputs, targets) -> None:
+        if s == 0:
+            x = inputs[m]
+        else:
+            x = self.transport.recv(s, "F", m).detach()
+            if x.is_floating_point():
+                x.requires_grad_(True)
+        module = self.stages[s]
+        rec = self.recorder
+        rec.start(s, m, "F")
+        with self._locked():
+            if self.plan.checkpointed(m):
+                y = checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
+            else:
+                y = module(x)
+            if s == self.last:
+                y = self.loss_fn(y, targets[m]) * loss_weight(self.plan, m)
+        rec.stop(s, m, "F")
+        self.stash[(s, m)] = (x, y)
+        if s == self.last:
+            self.losses[m] = float(y.detach())
+        else:
+            self.transport.send(y.detach(), s + 1, "F", m)
+
+    def backward(self, s: int, m: int) -> None:
+        x, y = self.stash.pop((s, m))
+        grad = None if s == self.last else self.transport.recv(s, "B", m)
+        rec = self.recorder
+        rec.start(s, m, "B")
+        with self._locked() if self.plan.checkpointed(m) else contextlib.nullcontext():
+            torch.autograd.backward(y, grad)
+        rec.stop(s, m, "B")
+        del y, grad
+        if s > 0:
+            if x.grad is None:
+                raise RuntimeError(f"stage {s} input got no gradient; does stage {s - 1}'s output "
+                                   "feed it differentiably?")
+            self.transport.send(x.grad, s - 1, "B", m)

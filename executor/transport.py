@@ -1,0 +1,178 @@
+"""Moving activations and gradients between stages.
+
+Both transports have the same two calls, so one stage runner drives either:
+
+* ``send(tensor, dst_stage, kind, mb)`` -- never blocks the sender's compute for long;
+* ``recv(stage, kind, mb)`` -- blocks until that input (``kind='F'``) or gradient
+  (``kind='B'``) of ``stage`` arrived, raising :class:`PipelineAborted` if another worker
+  failed or :class:`TimeoutError` after ``timeout_s``: nothing waits forever.
+
+:class:`ThreadTransport` hands tensors between worker threads of one process (CUDA: the
+copy runs on a side stream and the receiver's stream waits on an event);
+:class:`DistTransport` uses torch.distributed point-to-point ``isend``/``irecv`` (gloo on
+CPU) between one process per rank.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
+           torch.bool, torch.uint8]
+_HEADER = 12  # int64 slots: dtype code, ndim, up to 10 sizes
+
+
+class PipelineAborted(RuntimeError):
+    """Another worker failed; this one stops instead of waiting."""
+
+
+class ThreadTransport:
+    """In-process mailbox between worker threads; see the module docstring."""
+
+    def __init__(self, devices: list[torch.device], placement: tuple[int, ...],
+                 timeout_s: float = 300.0):
+        self.devices, self.placement, self.timeout_s = devices, placement, timeout_s
+        self._box: dict[tuple[int, str, int], tuple[torch.Tensor, object]] = {}
+        self._cond = threading.Condition()
+        self.error: BaseException | None = None
+        self._copy_streams: dict[tuple[str, str], torch.cuda.Stream] = {}
+
+    def abort(self, error: BaseException) -> None:
+        with self._cond:
+            if self.error is None:
+                self.error = error
+            self._cond.notify_all()
+
+    def _copy_stream(self, src: torch.device, dst: torch.device) -> torch.cuda.Stream:
+        key = (str(src), str(dst))
+        if key not in self._copy_streams:
+            self._copy_streams[key] = torch.cuda.Stream(src)
+        return self._copy_streams[key]
+
+    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int) -> None:
+        dst = self.devices[self.placement[dst_stage]]
+        ready = None
+        if tensor.is_cuda or dst.type == "cuda":
+            produced = torch.cuda.current_stream(tensor.device).record_event() if tensor.is_cuda else None
+            if tensor.device != dst:
+                # Copy on a side stream so the sender's compute stream runs on.
+                stream = self._copy_stream(tensor.device if tensor.is_cuda else dst, dst)
+                with torch.cuda.stream(stream):
+                    if produced is not None:
+                        stream.wait_event(produced)
+                    moved = tensor.to(dst, non_blocking=True)
+                    if tensor.is_cuda:
+                        tensor.record_stream(stream)
+                    ready = stream.record_event()
+                tensor = moved
+            else:
+                ready = produced
+        with self._cond:
+            self._box[(dst_stage, kind, mb)] = (tensor, ready)
+            self._cond.notify_all()
+
+    def recv(self, stage: int, kind: str, mb: int) -> torch.Tensor:
+        key = (stage, kind, mb)
+        deadline = time.monotonic() + self.timeout_s
+        with self._cond:
+            while key not in self._box:
+                if self.error is not None:
+                    raise PipelineAborted(f"stopped waiting for {stage}{kind}{mb}: another worker "
+                                          "failed")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"no {'input' if kind == 'F' else 'gradient'} for stage "
+                                       f"{stage}, micro-batch {mb} within {self.timeout_s:.0f} s")
+                self._cond.wait(min(left, 0.5))
+            tensor, ready = self._box.pop(key)
+        if ready is not None:
+            stream = torch.cuda.current_stream(tensor.device)
+            stream.wait_event(ready)
+            tensor.record_stream(stream)
+        return tensor
+
+    def finish_iteration(self) -> None:
+        with self._cond:
+            leftover = sorted(self._box)
+            self._box.clear()
+        if leftover:
+            raise RuntimeError(f"messages never received: {leftover[:5]}")
+
+
+class DistTransport:
+    """Point-to-point between ranks with torch.distributed (one process per rank).
+
+    Shapes travel in a small header the first time each (stage, kind, micro-batch) is
+    sent; later iterations reuse them.  Tags keep concurrent messages between the same
+    two ranks apart (gloo honours tags).
+    """
+
+    def __init__(self, rank: int, placement: tuple[int, ...], n_microbatches: int,
+                 device: torch.device, timeout_s: float = 120.0):
+        self.rank, self.placement, self.m = rank, placement, n_microbatches
+        self.device, self.timeout = device, timedelta(seconds=timeout_s)
+        self._shapes: dict[tuple[int, str, int], tuple[torch.dtype, tuple[int, ...]]] = {}
+        self._pending: list[tuple[dist.Work, torch.Tensor]] = []
+        self._local: dict[tuple[int, str, int], torch.Tensor] = {}  # stages on this rank
+        self.sent_bytes = 0
+
+    def _tag(self, stage: int, kind: str, mb: int) -> int:
+        return (stage * self.m + mb) * 2 + (kind == "B")
+
+    def _peer(self, stage: int, kind: str) -> int:
+        """Rank that sends (stage, kind): the neighbour stage's rank."""
+        return self.placement[stage - 1] if kind == "F" else self.placement[stage + 1]
+
+    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int) -> None:
+        dst = self.placement[dst_stage]
+        key = (dst_stage, kind, mb)
+        if dst == self.rank:
+            self._local[key] = tensor
+            return
+        tag = self._tag(dst_stage, kind, mb)
+        tensor = tensor.contiguous()
+        if key not in self._shapes:
+            header = torch.zeros(_HEADER, dtype=torch.int64)
+            header[0] = _DTYPES.index(tensor.dtype)
+            header[1] = tensor.dim()
+            header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
+            header = header.to(self.device)
+            self._pending.append((dist.isend(header, dst, tag=tag), header))
+            self._shapes[key] = (tensor.dtype, tuple(tensor.shape))
+        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        self.sent_bytes += tensor.numel() * tensor.element_size()
+
+    def recv(self, stage: int, kind: str, mb: int) -> torch.Tensor:
+        src = self._peer(stage, kind)
+        key = (stage, kind, mb)
+        if src == self.rank:
+            return self._local.pop(key)
+        tag = self._tag(stage, kind, mb)
+        if key not in self._shapes:
+            header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
+            self._wait(dist.irecv(header, src, tag=tag), key)
+            header = header.cpu()
+            ndim = int(header[1])
+            self._shapes[key] = (_DTYPES[int(header[0])], tuple(int(x) for x in header[2:2 + ndim]))
+        dtype, shape = self._shapes[key]
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        self._wait(dist.irecv(buf, src, tag=tag), key)
+        return buf
+
+    def _wait(self, work: dist.Work, key: tuple[int, str, int]) -> None:
+        try:
+            work.wait(self.timeout)
+        except RuntimeError as exc:
+            stage, kind, mb = key
+            raise TimeoutError(f"rank {self.rank}: receiving {stage}{kind}{mb} failed or timed out "
+                               f"({exc})") from None
+
+    def finish_iteration(self) -> None:
+        for work, _ in self._pending:
+            work.wait(self.timeout)
+        self._pending.clear()

@@ -1,0 +1,158 @@
+"""The executor: gradients equal to the unpipelined model, faults, the facade's contract."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from executor.distributed import RankFailed, spawn, spawn_plans
+from executor.gpipe import GPipe
+from executor.models import builtin_job
+from executor.pipeline import Pipeline
+from executor.stage import ActionFailed
+from pipesim import PlanError
+from pipesim.plan import Plan
+from pipesim.schedule import build_schedule
+from pipesim.trace import metrics
+
+MLP = dict(width=16, depth=3, in_features=8)  # 4 layers
+GPT = dict(vocab=32, d_model=16, n_layers=2, n_heads=2, seq_len=6)  # 4 layers
+BATCH = 10  # 4 chunks make micro-batches of 3, 3, 3, 1: uneven on purpose
+
+PLANS = [("gpipe", [1, 3], 1), ("1f1b", [2, 2], 1), ("interleaved", [1, 1, 1, 1], 2)]
+MODES = ["always", "except_last", "never"]
+
+
+def reference(job):
+    """Loss and gradients of the unpipelined model (float64)."""
+    module, loss_fn, x, y = job()
+    loss = loss_fn(module(x), y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in module.named_parameters()}
+
+
+def assert_same_grads(module: nn.Module, ref: dict, tol: float = 1e-12):
+    for name, p in module.named_parameters():
+        assert p.grad is not None, name
+        assert torch.allclose(p.grad, ref[name], rtol=tol, atol=tol), name
+
+
+@pytest.mark.parametrize("model,sizes", [("mlp", MLP), ("gpt", GPT)])
+@pytest.mark.parametrize("schedule,balance,v", PLANS)
+@pytest.mark.parametrize("mode", MODES)
+def test_threads_gradients_equal_unpipelined(model, sizes, schedule, balance, v, mode):
+    job = functools.partial(builtin_job, model, BATCH, dtype="float64", **sizes)
+    ref_loss, ref_grads = reference(job)
+    module, loss_fn, x, y = job()
+    plan = Plan(balance, 4, BATCH, checkpoint=mode, schedule=schedule, virtual_stages=v)
+    result = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
+    assert result.loss == pytest.approx(ref_loss, rel=1e-12)
+    assert_same_grads(module, ref_grads)
+    m = metrics(result.trace)
+    assert m.iteration_time_s > 0 and set(m.busy_s) == set(range(plan.n_devices))
+
+
+@pytest.mark.slow
+def test_processes_gradients_equal_unpipelined():
+    job = functools.partial(builtin_job, "mlp", BATCH, dtype="float64", **MLP)
+    ref_loss, ref_grads = reference(job)
+    plans = [Plan(b, 4, BATCH, checkpoint=mode, schedule=s, virtual_stages=v)
+             for s, b, v in PLANS for mode in MODES]
+    for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=1, warmup=0,
+                                                        return_grads=True), strict=True):
+        assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
+        grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
+        assert set(grads) == set(ref_grads), plan.label()
+        for name, g in grads.items():
+            assert torch.allclose(g, ref_grads[name], rtol=1e-12, atol=1e-12), (plan.label(), name)
+        assert set(result.trace.actions.device) == {0, 1}
+
+
+def test_recomputation_sees_the_first_forwards_dropout_masks():
+    def run(mode):
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(8, 32), nn.Dropout(0.5), nn.Linear(32, 32),
+                               nn.Dropout(0.5), nn.Linear(32, 4)).double()
+        x = torch.randn(8, 8, dtype=torch.float64)
+        y = torch.randint(0, 4, (8,))
+        torch.manual_seed(1)
+        # one worker runs both stages: the random draws happen in schedule order
+        plan = Plan([2, 3], 4, 8, checkpoint=mode, placement=(0, 0))
+        loss = Pipeline(module, plan).run(x, y, iterations=1, warmup=0).loss
+        return loss, [p.grad.clone() for p in module.parameters()]
+
+    loss_a, grads_a = run("always")
+    loss_n, grads_n = run("never")
+    assert loss_a == loss_n
+    for a, n in zip(grads_a, grads_n, strict=True):
+        assert torch.equal(a, n)
+
+
+def test_failure_in_a_thread_names_worker_stage_and_action():
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    pipe = Pipeline(module, Plan([2, 2], 4, 8), loss_fn=loss_fn, timeout_s=30)
+    t0 = time.monotonic()
+    with pytest.raises(ActionFailed, match="worker 1 failed at stage 1 action 1F2: RuntimeError: "
+                                           "injected failure"):
+        pipe.step(x, y, fail_at=(1, "1F2"))
+    assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.slow
+def test_failure_in_a_rank_stops_every_rank():
+    job = functools.partial(builtin_job, "mlp", 8, **MLP)
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed, match="rank 1: ActionFailed: worker 1 failed at stage 1 action "
+                                         "1B1: RuntimeError: injected failure"):
+        spawn(job, Plan([2, 2], 4, 8, schedule="1f1b"), iterations=1, warmup=0,
+              fail_at={1: "1B1"}, timeout_s=20)
+    assert time.monotonic() - t0 < 60
+
+
+def test_mismatched_schedule_or_batch_is_refused_before_running():
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    other = build_schedule(Plan([1, 1, 2], 4, 8))
+    with pytest.raises(PlanError, match="schedule has 3 stages but the plan has 2"):
+        Pipeline(module, Plan([2, 2], 4, 8), schedule=other).step(x, y)
+    with pytest.raises(PlanError, match="batch has 8 samples but the plan's batch size is 16"):
+        Pipeline(module, Plan([2, 2], 4, 16)).step(x, y)
+    with pytest.raises(PlanError, match="chunks 16 is larger than the batch size 8"):
+        Plan([2, 2], 16, 8)
+
+
+# ---------------------------------------------------------------- the facade
+def seq():
+    return nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2))
+
+
+@pytest.mark.parametrize(("kwargs", "error", "message"), [
+    (dict(balance=None), ValueError, "balance is required"),
+    (dict(balance=[1, 1]), ValueError, r"module: 3, sum of balance: 2"),
+    (dict(balance=[2, 0, 1]), ValueError, "must be positive"),
+    (dict(balance=[1, 2], chunks=0), ValueError, "chunks must be positive"),
+    (dict(balance=[1, 2], checkpoint="sometimes"), ValueError, "checkpoint is not one of"),
+    (dict(balance=[1, 2], devices=["cpu"]), IndexError, r"devices: 1, partitions: 2"),
+])
+def test_facade_error_contract(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        GPipe(seq(), **kwargs)
+
+
+def test_facade_rejects_non_sequential():
+    with pytest.raises(TypeError, match="nn.Sequential"):
+        GPipe(nn.Linear(2, 2), balance=[1])
+
+
+def test_facade_trains_and_infers_like_the_model():
+    module, loss_fn, x, y = builtin_job("mlp", BATCH, dtype="float64", **MLP)
+    ref_loss, ref_grads = reference(functools.partial(builtin_job, "mlp", BATCH, dtype="float64",
+                                                      **MLP))
+    g = GPipe(module, balance=[2, 2], devices=["cpu", "cpu"], chunks=4, loss_fn=loss_fn)
+    assert g.train_step(x, y) == pytest.approx(ref_loss, rel=1e-12)
+    assert_same_grads(module, ref_grads)
+    with torch.no_grad():
+        assert torch.allclose(g(x), module(x))
