@@ -53,7 +53,8 @@ class RankResult:
     rank: int
     rows: list[tuple]
     losses: list[float]
-    grads: dict[str, object] | None  # "stage.param" -> numpy array
+    grads: dict[str, object] | None  # parameter name (as in the unsplit module) -> numpy
+    step_wall_s: list[float]  # per measured iteration: barrier passed -> all sends done
 
 
 def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
@@ -76,12 +77,14 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
     transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s)
     rows: list[tuple] = []
     losses: list[float] = []
+    walls: list[float] = []
     offset = 0.0
     for i in range(warmup + iterations):
         for stage in mine.values():
             stage.zero_grad(set_to_none=True)
         dist.barrier()
-        recorder = Recorder(rank, device, origin=time.perf_counter())
+        t0 = time.perf_counter()
+        recorder = Recorder(rank, device, origin=t0)
         if device.type == "cuda":
             recorder.origin_event = torch.cuda.Event(enable_timing=True)
             recorder.origin_event.record()
@@ -89,6 +92,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
                              fail_at=fail_at)
         runner.run(schedule.order[rank], xs, ys)
         transport.finish_iteration()
+        wall = time.perf_counter() - t0
         it_rows = recorder.rows(i - warmup)
         # one span per iteration, agreed by all ranks, lays iterations end to end
         span = torch.tensor([max((r[6] for r in it_rows), default=0.0)], dtype=torch.float64)
@@ -97,6 +101,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
             offset += float(span)
             losses.append(sum(runner.losses.values()))
+            walls.append(wall)
     grads = None
     if return_grads:
         # named as in the unsplit module; numpy pickles by value, while a tensor would
@@ -104,7 +109,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         my_layers = {str(i) for s in mine for i in plan.stage_layers(s)}
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
-    return RankResult(rank, rows, losses, grads)
+    return RankResult(rank, rows, losses, grads, walls)
 
 
 def _free_port() -> int:

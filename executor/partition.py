@@ -22,7 +22,4 @@ def split_module(module: nn.Sequential, balance: Sequence[int]) -> list[nn.Seque
 
 def has_dropout(module: nn.Module) -> bool:
     """Whether ``module`` draws random numbers in train mode (dropout of any kind)."""
-    for m in module.modules():
-        if isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0:
-            return True
-    return False
+    return any(isinstance(m, nn.modules.dropout._DropoutNd) and m.p > 0 for m in module.modules())

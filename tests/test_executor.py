@@ -114,7 +114,7 @@ def test_failure_in_a_rank_stops_every_rank():
 
 
 def test_mismatched_schedule_or_batch_is_refused_before_running():
-    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    module, _loss_fn, x, y = builtin_job("mlp", 8, **MLP)
     other = build_schedule(Plan([1, 1, 2], 4, 8))
     with pytest.raises(PlanError, match="schedule has 3 stages but the plan has 2"):
         Pipeline(module, Plan([2, 2], 4, 8), schedule=other).step(x, y)
@@ -143,7 +143,7 @@ def test_facade_error_contract(kwargs, error, message):
 
 
 def test_facade_rejects_non_sequential():
-    with pytest.raises(TypeError, match="nn.Sequential"):
+    with pytest.raises(TypeError, match=r"nn\.Sequential"):
         GPipe(nn.Linear(2, 2), balance=[1])
 
 
