@@ -5,8 +5,9 @@ share one physical device (``physical``): one GPU standing in for many.  Workers
 physical device share its compute (their actions run one at a time) and its memory, and
 hand tensors over without a copy.
 
-Overheads are what the profile does not see: the executor's time around each compute
-action (queueing, hooks, Python) and each transfer.  ``executor.calibrate`` measures them;
+Overheads are what the profile does not see: the executor's time inside each compute
+action (hooks, Python; counted as busy), between actions (``action_gap_s``: posting
+sends, waking up; idle) and around each transfer.  ``executor.calibrate`` measures them;
 the presets below are starting points, not measurements.
 """
 
@@ -58,6 +59,9 @@ class Cluster:
     links: dict[tuple[int, int], Link] = field(default_factory=dict)
     compute_overhead_s: float = 0.0
     transfer_overhead_s: float = 0.0
+    #: executor time between actions on a worker (posting sends, waking up): an action
+    #: starts ``action_gap_s`` after both its worker and its input are ready; idle time
+    action_gap_s: float = 0.0
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -65,6 +69,7 @@ class Cluster:
             raise ClusterError("a cluster needs at least one device")
         for what, v in (("compute_overhead_s", self.compute_overhead_s),
                         ("transfer_overhead_s", self.transfer_overhead_s),
+                        ("action_gap_s", self.action_gap_s),
                         ("link latency_s", self.link.latency_s)):
             if v < 0 or math.isnan(v):
                 raise ClusterError(f"{what} must be non-negative, got {v}")
@@ -133,6 +138,7 @@ class Cluster:
             return cls(devices=devices, link=Link(**d.get("link", {})), links=links,
                        compute_overhead_s=float(d.get("compute_overhead_s", 0.0)),
                        transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
+                       action_gap_s=float(d.get("action_gap_s", 0.0)),
                        name=d.get("name", "cluster"))
         except (KeyError, TypeError) as exc:
             raise ClusterError(f"{source}: malformed cluster description ({exc!r})") from None

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 
 from pipesim.trace import Trace
@@ -122,3 +123,61 @@ def chrome_trace(trace: Trace, path: str | Path) -> Path:
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",
                                 "metadata": {k: str(v) for k, v in trace.meta.items()}}))
     return path
+
+
+def gantt_pair(predicted: Trace, measured: Trace, title: str = ""):
+    """Predicted above measured on one time axis (measured: its median iteration)."""
+    import matplotlib.pyplot as plt
+
+    from pipesim.trace import metrics
+
+    m = metrics(measured)
+    times = np.asarray(m.iteration_times_s)
+    it = int(np.argsort(times)[len(times) // 2])
+    one = measured.iteration(sorted(measured.actions["iteration"].unique())[it])
+    fig, axes = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
+    gantt(predicted.iteration(0) if "iteration" in predicted.actions else predicted, axes[0],
+          title=f"predicted {title}")
+    gantt(one, axes[1], title=f"measured {title} (median iteration)")
+    fig.tight_layout()
+    return fig
+
+
+def scatter_predicted_measured(table: pd.DataFrame, x: str = "measured_ms",
+                               y: str = "predicted_ms", hue: str | None = None,
+                               ax: Axes | None = None, title: str = "") -> Axes:
+    """Predicted against measured over many plans, with the identity line."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 5))
+    groups = table.groupby(hue) if hue else [("", table)]
+    for name, part in groups:
+        ax.scatter(part[x], part[y], s=18, alpha=0.8, label=str(name) if hue else None)
+    lo = float(min(table[x].min(), table[y].min()))
+    hi = float(max(table[x].max(), table[y].max()))
+    ax.plot([lo, hi], [lo, hi], "k--", lw=1, label="identity")
+    ax.set_xlabel(x)
+    ax.set_ylabel(y)
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax
+
+
+def memory_bars(devices: list[str], predicted: list[float], measured: list[float],
+                ax: Axes | None = None, title: str = "") -> Axes:
+    """Peak memory per device (MiB), predicted next to measured."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(6, 3.5))
+    x = np.arange(len(devices))
+    ax.bar(x - 0.2, np.asarray(predicted) / 2**20, 0.4, label="predicted")
+    ax.bar(x + 0.2, np.asarray(measured) / 2**20, 0.4, label="measured")
+    ax.set_xticks(x, devices)
+    ax.set_ylabel("peak (MiB)")
+    ax.legend(fontsize=8)
+    if title:
+        ax.set_title(title)
+    return ax

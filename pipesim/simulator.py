@@ -9,7 +9,8 @@ at a time (a copy stream / an async send), so transfers overlap compute but not 
 other; latency delays arrival without occupying the link.
 
 Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
-per-action overhead; a checkpointed backward also re-runs the forward.  Optional jitter
+per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
+the cluster's ``action_gap_s`` after its worker and its input are both ready.  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
@@ -40,7 +41,8 @@ from pipesim.profile import Profile
 from pipesim.schedule import FORWARD, Schedule, build_schedule
 from pipesim.trace import ACTION_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
 
-#: (stage, kind, microbatch) -> seconds; replaces the profile's time of that action.
+#: (stage, kind, microbatch) -> seconds; replaces the whole duration of that action
+#: (profile time and the cluster's per-action overhead): replaying a measured run.
 Durations = dict[tuple[int, str, int], float]
 
 
@@ -140,6 +142,7 @@ class _Run:
         jitter = self.rng is not None
         name = f"dev{w}"
         timeout = env.timeout
+        gap = sim.cluster.action_gap_s
         for mb, step in sim.programs[w]:
             if step.wait >= 0:
                 index = step.wait + 2 * mb
@@ -149,6 +152,8 @@ class _Run:
                     yield slot
                 elif slot.__class__ is float and slot > env.now:
                     yield timeout(slot - env.now)
+            if gap:
+                yield timeout(gap)
             if resource is not None:
                 req = resource.request()
                 yield req
@@ -278,7 +283,7 @@ class Simulator:
         overhead = self.cluster.compute_overhead_s
         device = self.resource_of[w]
         if kind == FORWARD:
-            seconds = (c.fwd_s if measured is None else measured) + overhead
+            seconds = c.fwd_s + overhead if measured is None else measured
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
             return _Step(s, kind, s * m * 2 if s > 0 else -1, seconds, 0.0, 0.0, c.keep_bytes, send)
         in_grad = c.input_bytes if s > 0 else 0.0
@@ -297,7 +302,7 @@ class Simulator:
         if measured is None:
             seconds, recompute = c.bwd_s + c.recompute_s + overhead, c.recompute_s
         else:
-            seconds = measured + overhead
+            seconds = measured
             recompute = min(c.recompute_s, seconds)
         send = self._send(w, s, s - 1, "SEND_B", c.input_bytes) if s > 0 else None
         wait = s * m * 2 + 1 if s < n - 1 else -1

@@ -224,6 +224,17 @@ def test_replaying_own_durations_reproduces_the_trace():
     plan = Plan([1] * 4, 4, 8, checkpoint="except_last", schedule="1f1b")
     first = simulate(prof, plan, Cluster.cpu_processes(4))
     rows = first.actions[first.actions.kind.isin(["F", "B"])]
-    durations = {(r.stage, r.kind, r.microbatch): r.end - r.start - 30e-6 for r in rows.itertuples()}
+    durations = {(r.stage, r.kind, r.microbatch): r.end - r.start for r in rows.itertuples()}
     again = simulate(prof, plan, Cluster.cpu_processes(4), durations=durations)
     assert np.allclose(first.actions.end, again.actions.end)
+
+
+def test_action_gap_delays_starts_without_counting_as_busy():
+    prof = uniform_profile(2)
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    plain = metrics(simulate(prof, plan))
+    gap = metrics(simulate(prof, plan, Cluster([Device("a"), Device("b")], action_gap_s=0.5)))
+    assert gap.busy_s == plain.busy_s
+    # the critical path holds 2 (m + n - 1) actions; the iteration is measured from the
+    # first action's start, so all but the first gap lengthen it
+    assert gap.iteration_time_s == pytest.approx(plain.iteration_time_s + 0.5 * (2 * (4 + 2 - 1) - 1))

@@ -1,0 +1,147 @@
+"""Calibration: measure what a profile cannot see, and write a Cluster file.
+
+1. **Links** -- two ranks (gloo, this machine) bounce tensors of several sizes; one-way
+   seconds = round trip / 2 (lower quartile of repetitions), and ``latency + bytes /
+   bandwidth`` through the smallest and largest size.
+2. **Per-action overhead** -- a pipeline of tiny layers (so nearly all of an action's
+   time is the executor's own) runs through the multi-process executor; the overhead is
+   the median of (measured action seconds - profiled seconds of the same layers), and the
+   idle gaps the schedule does not explain are spread over the actions of the busiest
+   device.
+
+Neither step runs the plans being validated: nothing is fitted to validation runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from datetime import timedelta
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from pipesim.cluster import Cluster, Device, Link
+
+SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
+
+
+def _pingpong(rank: int, port: int, sizes: tuple[int, ...], repeats: int, out) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    result: dict[int, float] = {}
+    for _round in range(3):  # the first round also warms gloo up
+        for nbytes in sizes:
+            buf = torch.zeros(nbytes // 4, dtype=torch.float32)
+            times = []
+            for i in range(repeats + 2):
+                dist.barrier()
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(buf, 1)
+                    dist.recv(buf, 1)
+                else:
+                    dist.recv(buf, 0)
+                    dist.send(buf, 0)
+                if i >= 2:
+                    times.append((time.perf_counter() - t0) / 2)
+            # lower quartile: the transfer itself, less the scheduler's noise; best round
+            q = float(np.percentile(times, 25))
+            result[nbytes] = min(result.get(nbytes, q), q)
+    if rank == 0:
+        out.put(result)
+    dist.destroy_process_group()
+
+
+def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20) -> tuple[Link, dict[int, float]]:
+    """Fit a gloo loopback link between two processes; returns it and the raw medians."""
+    from executor.distributed import _free_port
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_pingpong, args=(r, port, sizes, repeats, out)) for r in range(2)]
+    for p in procs:
+        p.start()
+    one_way = out.get(timeout=300)
+    for p in procs:
+        p.join()
+    # Two points, robust to one noisy size: latency from the smallest message, bandwidth
+    # from the growth between the smallest and the largest.
+    small, large = min(one_way), max(one_way)
+    latency = min(one_way[b] for b in sorted(one_way)[:2])
+    growth = one_way[large] - one_way[small]
+    bandwidth = (large - small) / growth if growth > 0 else float("inf")
+    return Link(float(latency), float(bandwidth)), one_way
+
+
+def unexplained_gaps(actions, latency_s: float = 0.0) -> list[float]:
+    """Seconds each compute action started later than it could have.
+
+    An action could start at ``max(end of the previous action on its device, arrival of
+    its input)``; arrival is the producing action's end plus ``latency_s``.  What is left
+    is the executor's own time between actions (posting sends, waking up, bookkeeping) and
+    the operating system's preemptions.
+    """
+    out = []
+    for _, it in actions[actions.kind.isin(["F", "B"])].groupby("iteration"):
+        end = {(r.stage, r.kind, r.microbatch): r.end for r in it.itertuples()}
+        n = int(it.stage.max()) + 1
+        for _, part in it.groupby("device"):
+            prev = None
+            for r in part.sort_values("start").itertuples():
+                ready = [] if prev is None else [prev]
+                if r.kind == "F" and r.stage > 0:
+                    ready.append(end[(r.stage - 1, "F", r.microbatch)] + latency_s)
+                if r.kind == "B" and r.stage < n - 1:
+                    ready.append(end[(r.stage + 1, "B", r.microbatch)] + latency_s)
+                if ready:
+                    out.append(max(0.0, r.start - max(ready)))
+                prev = r.end
+    return out
+
+
+def measure_overhead(iterations: int = 6, latency_s: float = 0.0) -> dict[str, float]:
+    """Per-action executor overhead (seconds), from a calibration pipeline on 2 ranks.
+
+    The calibration model is a small MLP with actions of about a millisecond, unrelated to
+    the plans being validated.  In-action overhead: measured action seconds over the
+    profiled seconds of the same layers (median).  Between actions: the mean unexplained
+    wait (:func:`unexplained_gaps`); the mean, not the median, because rare long
+    preemptions cost time too.
+    """
+    from executor.distributed import spawn
+    from executor.models import builtin_job
+    from executor.profiler import profile
+    from pipesim.plan import Plan
+
+    torch.set_num_threads(1)
+    job = functools.partial(builtin_job, "mlp", 32, width=256, depth=5, in_features=256)
+    module, loss_fn, x, y = job()
+    plan = Plan([3, 3], 8, 32, checkpoint="never", schedule="1f1b")
+    prof = profile(module, (x, y), [4], loss_fn=loss_fn, repeats=20, warmup=5, progress=False)
+    result, _ = spawn(job, plan, iterations=iterations, warmup=2)
+    a = result.trace.actions
+    excess = []
+    for r in a[a.kind.isin(["F", "B"])].itertuples():
+        layers = plan.stage_layers(r.stage)
+        col = "fwd_s" if r.kind == "F" else "bwd_s"
+        base = float(prof.column_at(col, 4)[layers.start:layers.stop].sum())
+        excess.append((r.end - r.start) - base)
+    in_action = max(statistics.median(excess), 0.0)
+    gaps = unexplained_gaps(a, latency_s)
+    between = float(np.mean(gaps)) if gaps else 0.0
+    return {"in_action_s": in_action, "between_actions_s": between}
+
+
+def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes") -> Cluster:
+    """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s)."""
+    link, _ = measure_link()
+    over = measure_overhead(latency_s=link.latency_s)
+    return Cluster([Device(f"rank{i}") for i in range(n_devices)], link=link,
+                   compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
+                   name=name)

@@ -1,0 +1,104 @@
+"""Prediction against measurement on this machine's CPU: multi-process executor, 2 stages.
+
+1. calibrate links and executor overhead (executor.calibrate; never the plans below);
+2. profile each built-in model offline, one thread, at every micro-batch size used;
+3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
+   and 1F1B) through ``executor.distributed`` (2 processes x 1 thread) and simulate it;
+4. print median/max |error| of iteration time, bubble error, Spearman rank correlation
+   of throughput, the tuner's regret, and the replay check.
+
+    python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick]
+Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from executor.calibrate import calibrate_cpu
+from executor.distributed import spawn_plans
+from executor.models import builtin_job
+from executor.profiler import profile
+from experiments.common import RESULTS, machine, write_results
+from experiments.validation import grid, predict_and_measure, replay_error, summarise
+from pipesim.plot import scatter_predicted_measured
+
+MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
+          "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32)}
+BATCH = 32
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print("calibrating ...", flush=True)
+    cluster = calibrate_cpu(2)
+    cluster.save(RESULTS / "calibration_cpu.json")
+    print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
+          f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
+          f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
+          "between actions", flush=True)
+    tables, replays = [], []
+    for name in args.models.split(","):
+        job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+        module, loss_fn, x, y = job()
+        sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
+        prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
+                       progress=False, meta={"model": name})
+        prof.save(RESULTS / f"profile_cpu_{name}.csv")
+        plans = grid(prof, 2, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
+                     checkpoints=("never", "always") if args.quick else
+                     ("never", "except_last", "always"))
+        print(f"{name}: {len(plans)} plans", flush=True)
+
+        def measure(ps, job=job):
+            return [r.trace for r, _ in spawn_plans(job, ps, iterations=args.iterations,
+                                                    warmup=1)]
+
+        table, traces = predict_and_measure(prof, plans, cluster, measure, name)
+        tables.append(table)
+        for plan, trace in list(zip(plans, traces, strict=True))[:: max(1, len(plans) // 6)]:
+            replays.append({"model": name, "plan": plan.label(),
+                            "replay_error_pct": 100 * replay_error(prof, plan, trace, cluster)})
+        print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
+                     "measured_ms", "error_pct"]].round(2).to_string(index=False), flush=True)
+    table = pd.concat(tables, ignore_index=True)
+    replay = pd.DataFrame(replays)
+    summary = summarise(table)
+    summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
+    meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
+            "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
+            "threads_per_rank": 1, "cpus": len(os.sched_getaffinity(0))}
+    path = write_results("validation_cpu", table, meta)
+    replay.to_csv(RESULTS / "validation_cpu_replay.csv", index=False)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+    scatter_predicted_measured(table, hue="model", ax=axes[0], title="iteration time (ms)")
+    scatter_predicted_measured(table, x="bubble_meas", y="bubble_pred", hue="model", ax=axes[1],
+                               title="mean bubble fraction")
+    fig.tight_layout()
+    fig.savefig(RESULTS / "validation_cpu.png", dpi=110)
+    print(replay.round(2).to_string(index=False))
+    print(json.dumps(summary, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

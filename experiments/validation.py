@@ -1,0 +1,99 @@
+"""Shared pieces of the validation experiments (CPU processes and GPU).
+
+``predict_and_measure`` runs a grid of plans, ``summarise`` prints the error figures the
+issues ask for, ``replay_error`` feeds a run's own measured durations back into the
+simulator.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pandas as pd
+
+from pipesim.balance import min_max_partition
+from pipesim.cluster import Cluster
+from pipesim.compare import compare
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import Trace, metrics
+
+Measure = Callable[[list[Plan]], list[Trace]]
+
+
+def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
+         checkpoints=("never", "except_last", "always"), schedules=("gpipe", "1f1b"),
+         skew: bool = True) -> list[Plan]:
+    """Balanced (exact partition) and skewed balances x chunks x checkpoint x schedule."""
+    size = max(1, batch // 4)
+    balanced = min_max_partition(profile.layer_times(size), n_stages)
+    balances = [balanced]
+    if skew:
+        skewed = [1] * (n_stages - 1) + [profile.n_layers - n_stages + 1]
+        if skewed == balanced:
+            skewed = [profile.n_layers - n_stages + 1] + [1] * (n_stages - 1)
+        balances.append(skewed)
+    return [Plan(b, c, batch, checkpoint=k, schedule=s) for b in balances for c in chunks
+            if c <= batch for k in checkpoints for s in schedules]
+
+
+def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
+                        measure: Measure, label: str) -> tuple[pd.DataFrame, list[Trace]]:
+    measured = measure(plans)
+    rows = []
+    for plan, trace in zip(plans, measured, strict=True):
+        predicted = simulate(profile, plan, cluster)
+        cmp = compare(predicted, trace)
+        it = cmp.iteration.set_index("metric")
+        rows.append({
+            "model": label, "balance": ",".join(map(str, plan.balance)), "chunks": plan.chunks,
+            "checkpoint": plan.checkpoint, "schedule": plan.schedule,
+            "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
+            "measured_ms": it.loc["iteration_time_s", "measured"] * 1e3,
+            "error_pct": 100 * it.loc["iteration_time_s", "rel_error"],
+            "bubble_pred": it.loc["mean_bubble", "predicted"],
+            "bubble_meas": it.loc["mean_bubble", "measured"],
+            "throughput_pred": it.loc["throughput", "predicted"],
+            "throughput_meas": it.loc["throughput", "measured"],
+            "peak_pred_bytes": it.loc["peak_memory_bytes", "predicted"],
+            "peak_meas_bytes": it.loc["peak_memory_bytes", "measured"],
+            "action_duration_error_pct": 100 * cmp.actions["duration_rel_error"].median(),
+        })
+    return pd.DataFrame(rows), measured
+
+
+def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster) -> float:
+    """Relative error of the simulator replaying the run's own median action durations.
+
+    Durations come from the run; links and the gap between actions from calibration.
+    """
+    a = measured.actions[measured.actions.kind.isin(["F", "B"])]
+    med = (a.assign(d=a.end - a.start).groupby(["stage", "kind", "microbatch"])["d"].median())
+    durations = {k: float(v) for k, v in med.items()}
+    replay = metrics(simulate(profile, plan, cluster, durations=durations)).iteration_time_s
+    return replay / metrics(measured).iteration_time_s - 1
+
+
+def summarise(table: pd.DataFrame) -> dict:
+    """The figures of merit: errors, bubble error, rank correlation, regret of choosing by
+    prediction (the best-predicted plan's measured throughput against the best measured)."""
+    err = table["error_pct"].abs()
+    out = {"plans": len(table), "median_abs_error_pct": float(err.median()),
+           "max_abs_error_pct": float(err.max()),
+           "median_abs_bubble_error": float((table.bubble_pred - table.bubble_meas).abs().median()),
+           "spearman_throughput": float(table.throughput_pred.rank().corr(
+               table.throughput_meas.rank()))}
+    mem = table.dropna(subset=["peak_meas_bytes"])
+    mem = mem[mem.peak_meas_bytes > 0]
+    if not mem.empty:
+        out["median_abs_memory_error_pct"] = float(
+            (100 * (mem.peak_pred_bytes / mem.peak_meas_bytes - 1)).abs().median())
+    # regret: what the best-predicted plan really achieves against the best measured
+    regrets = []
+    for _, part in table.groupby("model"):
+        chosen = part.loc[part.throughput_pred.idxmax()]
+        regrets.append(1 - chosen.throughput_meas / part.throughput_meas.max())
+    out["tuner_regret_pct"] = float(100 * np.max(regrets))
+    return out

@@ -1,0 +1,125 @@
+"""The auto-tuner: choose balance, chunks, checkpoint mode and schedule under a memory budget.
+
+For every chunks count whose micro-batch size the profile covers, every checkpoint mode
+and schedule:
+
+1. **balance exactly**: min-max partition (dynamic programming) of per-layer seconds at
+   that micro-batch size -- forward + backward, plus the recomputed forward when
+   checkpointing -- where a stage that ends at a boundary also pays for sending its
+   output and receiving the gradient over the cluster's link;
+2. **refine with the simulator**: the partition and its neighbours (one layer moved
+   across one boundary) are simulated; the fastest that fits the budget is kept.
+
+Plans are ranked by predicted throughput.  No returned plan exceeds the budget on any
+device; if none fits, the error says the smallest peak any candidate needs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import pandas as pd
+
+from pipesim.balance import block_partition, min_max_partition
+from pipesim.cluster import Cluster
+from pipesim.errors import PlanError
+from pipesim.plan import CHECKPOINT_MODES, Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
+
+
+@dataclass
+class TuneResult:
+    """Ranked plans (best first) and every candidate simulated."""
+
+    plans: list[Plan]
+    table: pd.DataFrame  # one row per candidate: plan fields, predicted metrics, fits
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+
+def stage_balance(profile: Profile, n_stages: int, micro_batch: float, checkpoint: str,
+                  cluster: Cluster | None = None, method: str = "minmax") -> list[int]:
+    """Balance for ``n_stages`` at ``micro_batch`` samples (``minmax`` exact, or ``block``)."""
+    cols = profile.columns_at(micro_batch)
+    costs = cols["fwd_s"] + cols["bwd_s"]
+    if checkpoint != "never":
+        costs = costs + cols["fwd_s"]
+    if method == "block":
+        return block_partition(costs, n_stages)
+    edge = None
+    if cluster is not None and cluster.n_devices > 1:
+        link = cluster.link_between(0, 1)
+        edge = [2 * link.seconds(b) for b in cols["output_bytes"]]
+    return min_max_partition(costs, n_stages, edge)
+
+
+def _neighbours(balance: Sequence[int]) -> Iterable[list[int]]:
+    yield list(balance)
+    for i in range(len(balance) - 1):
+        for step in (-1, 1):
+            b = list(balance)
+            b[i] += step
+            b[i + 1] -= step
+            if min(b) >= 1:
+                yield b
+
+
+def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float, *,
+         cluster: Cluster | None = None, chunks: Sequence[int] | None = None,
+         checkpoints: Sequence[str] = CHECKPOINT_MODES,
+         schedules: Sequence[str] = ("gpipe", "1f1b"), method: str = "minmax",
+         refine: bool = True, optimizer: str | float = "adam") -> TuneResult:
+    """Ranked plans for ``batch_size`` samples on ``n_devices`` within ``memory_budget`` bytes.
+
+    ``chunks`` defaults to powers of two up to the batch size whose micro-batches fall in
+    the profiled range.  ``method='block'`` balances by torchgpipe-style greedy blocks
+    instead of the exact partition (for comparison).
+    """
+    if n_devices > profile.n_layers:
+        raise PlanError(f"{n_devices} devices is more than the {profile.n_layers} layers")
+    cluster = cluster or Cluster.free(n_devices)
+    lo, hi = min(profile.micro_batch_sizes), max(profile.micro_batch_sizes)
+    if chunks is None:
+        chunks = [c for c in (2**k for k in range(int(math.log2(batch_size)) + 1))
+                  if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi]
+    chunks = [c for c in chunks if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi
+              and min(Plan([1], c, batch_size).micro_batch_sizes) >= lo]
+    if not chunks:
+        raise PlanError(f"no chunks count splits {batch_size} samples into micro-batches inside "
+                        f"the profiled range [{lo}, {hi}]")
+    rows, seen = [], set()
+    for c in chunks:
+        size = math.ceil(batch_size / c)
+        for ckpt in checkpoints:
+            base = stage_balance(profile, n_devices, size, ckpt, cluster, method)
+            candidates = _neighbours(base) if refine else [base]
+            for balance in candidates:
+                for schedule in schedules:
+                    plan = Plan(balance, c, batch_size, checkpoint=ckpt, schedule=schedule,
+                                optimizer=optimizer)
+                    if plan in seen:
+                        continue
+                    seen.add(plan)
+                    m = metrics(simulate(profile, plan, cluster))
+                    peak = max(m.peak_memory_bytes.values())
+                    rows.append({"plan": plan, "balance": ",".join(map(str, balance)),
+                                 "chunks": c, "checkpoint": ckpt, "schedule": schedule,
+                                 "iteration_s": m.iteration_time_s, "throughput": m.throughput,
+                                 "bubble": m.mean_bubble, "peak_bytes": peak,
+                                 "fits": peak <= memory_budget, "from_partition": balance == base})
+    table = pd.DataFrame(rows)
+    fitting = table[table["fits"]].sort_values(["throughput", "peak_bytes"],
+                                               ascending=[False, True])
+    if fitting.empty:
+        smallest = table.sort_values("peak_bytes").iloc[0]
+        raise PlanError(f"no plan fits a budget of {memory_budget / 2**20:.1f} MiB per device; the "
+                        f"smallest peak any plan needs is {smallest.peak_bytes / 2**20:.1f} MiB "
+                        f"({smallest.plan.label()})")
+    table = table.sort_values(["fits", "throughput"], ascending=[False, False]).reset_index(drop=True)
+    return TuneResult(list(fitting["plan"]), table)
