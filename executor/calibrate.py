@@ -145,3 +145,36 @@ def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes")
     return Cluster([Device(f"rank{i}") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
                    name=name)
+
+
+def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
+                            iterations: int = 10) -> dict[str, float]:
+    """Per-action overhead of the in-process executor on ``device`` (all workers on it).
+
+    Same method as :func:`measure_overhead`, on a pipeline of tiny layers whose compute
+    is negligible, so measured action time beyond the profile and unexplained waits are
+    the executor's (kernel launches from Python, stream waits, thread hand-over).
+    """
+    from executor.models import builtin_job
+    from executor.pipeline import Pipeline
+    from executor.profiler import profile
+    from pipesim.plan import Plan
+
+    module, loss_fn, x, y = builtin_job("mlp", 32, width=64, depth=2 * n_workers + 1,
+                                        in_features=64)
+    n = len(module)
+    balance = [n // n_workers + (1 if i < n % n_workers else 0) for i in range(n_workers)]
+    plan = Plan(balance, 8, 32, checkpoint="never", schedule="1f1b")
+    prof = profile(module, (x, y), [4], device, loss_fn=loss_fn, repeats=20, warmup=5,
+                   progress=False)
+    pipe = Pipeline(module, plan, devices=[device] * n_workers, loss_fn=loss_fn)
+    a = pipe.run(x, y, iterations=iterations, warmup=3).trace.actions
+    excess = []
+    for r in a[a.kind.isin(["F", "B"])].itertuples():
+        layers = plan.stage_layers(r.stage)
+        col = "fwd_s" if r.kind == "F" else "bwd_s"
+        base = float(prof.column_at(col, 4)[layers.start:layers.stop].sum())
+        excess.append((r.end - r.start) - base)
+    gaps = unexplained_gaps(a)
+    return {"in_action_s": max(statistics.median(excess), 0.0),
+            "between_actions_s": float(np.mean(gaps)) if gaps else 0.0}

@@ -47,31 +47,42 @@ def main() -> None:
     ap.add_argument("--models", default="mlp,gpt")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
+    ap.add_argument("--stages", type=int, default=2, help="stages = processes")
+    ap.add_argument("--pin", action="store_true", help="pin each rank to its own cores")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     args = ap.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
+    results = RESULTS / args.subdir if args.subdir else RESULTS
+    results.mkdir(parents=True, exist_ok=True)
+    tag = f"cpu_{args.stages}stages" if args.stages != 2 or args.subdir else "cpu"
     print("calibrating ...", flush=True)
-    cluster = calibrate_cpu(2)
-    cluster.save(RESULTS / "calibration_cpu.json")
+    cluster = calibrate_cpu(args.stages)
+    cluster.save(results / f"calibration_{tag}.json")
     print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
           f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
           "between actions", flush=True)
     tables, replays = [], []
     for name in args.models.split(","):
-        job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+        sizes_of_model = dict(MODELS[name])
+        if args.stages > 4:  # enough layers for 8 stages
+            sizes_of_model.update({"mlp": {"depth": 15}, "gpt": {"n_layers": 10}}[name])
+        job = functools.partial(builtin_job, name, BATCH, **sizes_of_model)
         module, loss_fn, x, y = job()
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
         prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
                        progress=False, meta={"model": name})
-        prof.save(RESULTS / f"profile_cpu_{name}.csv")
-        plans = grid(prof, 2, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
+        prof.save(results / f"profile_{tag}_{name}.csv")
+        plans = grid(prof, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
                      ("never", "except_last", "always"))
         print(f"{name}: {len(plans)} plans", flush=True)
 
         def measure(ps, job=job):
             return [r.trace for r, _ in spawn_plans(job, ps, iterations=args.iterations,
-                                                    warmup=1)]
+                                                    warmup=1, pin_cores=args.pin,
+                                                    threads_per_rank=args.threads)]
 
         table, traces = predict_and_measure(prof, plans, cluster, measure, name)
         tables.append(table)
@@ -86,15 +97,16 @@ def main() -> None:
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
-            "threads_per_rank": 1, "cpus": len(os.sched_getaffinity(0))}
-    path = write_results("validation_cpu", table, meta)
-    replay.to_csv(RESULTS / "validation_cpu_replay.csv", index=False)
+            "stages": args.stages, "pinned": args.pin, "threads_per_rank": args.threads,
+            "cpus": len(os.sched_getaffinity(0))}
+    path = write_results(f"validation_{tag}", table, meta, args.subdir)
+    replay.to_csv(results / f"validation_{tag}_replay.csv", index=False)
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
     scatter_predicted_measured(table, hue="model", ax=axes[0], title="iteration time (ms)")
     scatter_predicted_measured(table, x="bubble_meas", y="bubble_pred", hue="model", ax=axes[1],
                                title="mean bubble fraction")
     fig.tight_layout()
-    fig.savefig(RESULTS / "validation_cpu.png", dpi=110)
+    fig.savefig(results / f"validation_{tag}.png", dpi=110)
     print(replay.round(2).to_string(index=False))
     print(json.dumps(summary, indent=2))
     print(f"wrote {path}")

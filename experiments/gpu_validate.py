@@ -1,0 +1,115 @@
+"""Validation on a GPU: CUDA profiles, the in-process executor with every stage on one GPU.
+
+Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
+
+1. profile the built-in models on the device in fp32 and bf16 at several micro-batch sizes;
+2. calibrate the in-process executor's overheads on a tiny model (not the grid's plans);
+3. run a grid (balanced/skewed balance, chunks 1..16, three checkpoint modes, GPipe and
+   1F1B) with 2 and 4 stages as worker threads on ``cuda:0`` -- the simulator models
+   them as one shared device -- and compare predicted against measured iteration time and
+   peak allocated memory (``torch.cuda.max_memory_allocated``; the prediction adds the
+   batch the caller put on the device, which the pipeline model does not own);
+4. write CSV/JSON with the device name, torch and CUDA versions.
+
+    python experiments/gpu_validate.py [--device cuda:0] [--quick] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+import torch
+
+from executor.calibrate import measure_thread_overhead
+from executor.memory import tensor_bytes
+from executor.models import builtin_job
+from executor.pipeline import Pipeline
+from executor.profiler import device_name, profile
+from experiments.common import RESULTS, machine
+from experiments.validation import grid, predict_and_measure, summarise
+from pipesim.cluster import Cluster
+
+MODELS = {
+    "gpt": dict(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=256),
+    "mlp": dict(width=4096, depth=8, in_features=4096),
+}
+QUICK = {"gpt": dict(vocab=256, d_model=32, n_layers=2, n_heads=2, seq_len=16),
+         "mlp": dict(width=64, depth=3, in_features=64)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--out", default=str(RESULTS / "gpu"))
+    ap.add_argument("--dtypes", default="float32,bfloat16")
+    ap.add_argument("--stages", default="2,4")
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    dev = torch.device(args.device)
+    models = QUICK if args.quick else MODELS
+    env = {**machine(), "device": args.device, "device_name": device_name(dev),
+           "torch": torch.__version__, "cuda": torch.version.cuda}
+    print(json.dumps(env), flush=True)
+    t_start = time.time()
+    tables = []
+    sizes = sorted({max(1, args.batch // c) for c in (1, 2, 4, 8, 16)})
+    for n_stages in [int(s) for s in args.stages.split(",")]:
+        over = measure_thread_overhead(args.device, n_stages)
+        cluster = Cluster.shared_gpu(n_stages)
+        cluster.compute_overhead_s = over["in_action_s"]
+        cluster.action_gap_s = over["between_actions_s"]
+        cluster.save(out / f"calibration_{n_stages}stages.json")
+        print(f"{n_stages} stages: overhead {over}", flush=True)
+        for dtype in args.dtypes.split(","):
+            for name, model_sizes in models.items():
+                module, loss_fn, x, y = builtin_job(name, args.batch, dtype=dtype, **model_sizes)
+                prof = profile(module, (x, y), sizes, args.device, loss_fn=loss_fn, repeats=10,
+                               warmup=3, progress=False, meta={"model": name})
+                prof.save(out / f"profile_{name}_{dtype}.csv")
+                plans = grid(prof, n_stages, args.batch,
+                             chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16))
+                # the run holds no optimizer state: predict with plain SGD
+                plans = [dataclasses.replace(p, optimizer="sgd") for p in plans]
+                batch_bytes = tensor_bytes(x) + tensor_bytes(y)
+
+                def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y):
+                    traces = []
+                    for p in ps:
+                        pipe = Pipeline(module, p, devices=[args.device] * n_stages, loss_fn=loss_fn)
+                        traces.append(pipe.run(x, y, iterations=args.iterations, warmup=2).trace)
+                    return traces
+
+                label = f"{name}/{dtype}/{n_stages}st"
+                table, _ = predict_and_measure(prof, plans, cluster, measure, label)
+                table["peak_pred_bytes"] += batch_bytes
+                table["stages"] = n_stages
+                table["dtype"] = dtype
+                tables.append(table)
+                s = summarise(table)
+                print(f"{label}: median |err| {s['median_abs_error_pct']:.1f}% max "
+                      f"{s['max_abs_error_pct']:.1f}% memory "
+                      f"{s.get('median_abs_memory_error_pct', float('nan')):.1f}% "
+                      f"spearman {s['spearman_throughput']:.3f} "
+                      f"({time.time() - t_start:.0f} s)", flush=True)
+    table = pd.concat(tables, ignore_index=True)
+    table.to_csv(out / "validation_gpu.csv", index=False)
+    per_grid = {label: summarise(part) for label, part in table.groupby("model")}
+    (out / "validation_gpu.json").write_text(json.dumps({"env": env, "per_grid": per_grid,
+                                                         "overall": summarise(table)}, indent=2))
+    print(json.dumps(per_grid, indent=1))
+
+
+if __name__ == "__main__":
+    main()
