@@ -10,6 +10,7 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from pipesim.cli import UserError, build_parser, parse_ints, run
 
@@ -41,7 +42,7 @@ def profile_model(model_name: str, sizes: dict, micro_batches: list[int], device
 
     try:
         built = build_model(model_name, **sizes)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise UserError(f"model {model_name!r}: {exc}") from None
     torch_dtype = getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
@@ -94,8 +95,85 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: __import__("executor.demo", fromlist=["main"]).main(a))
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import functools
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from executor.models import builtin_job
+    from pipesim.cli import load_cluster, plan_from_args, write_outputs
+    from pipesim.profile import Profile
+    from pipesim.trace import metrics
+
+    sizes = parse_sizes(args.set)
+    job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype, **sizes)
+    profile = Profile.load(args.profile) if args.profile else None
+    try:
+        module, loss_fn, x, y = job()
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"model {args.model!r}: {exc}") from None
+    if profile is None and not args.balance:
+        from pipesim.balance import even_balance
+
+        args.balance = ",".join(map(str, even_balance(len(module), args.stages)))
+    plan = plan_from_args(args, profile)
+    plan.check_layers(len(module))
+    if args.transport == "processes":
+        from executor.distributed import spawn
+
+        result, _ = spawn(job, plan, iterations=args.iterations, warmup=args.warmup,
+                          pin_cores=args.pin)
+    else:
+        from executor.pipeline import Pipeline
+
+        devices = [args.device] * plan.n_devices
+        result = Pipeline(module, plan, devices, loss_fn).run(x, y, iterations=args.iterations,
+                                                              warmup=args.warmup)
+    m = metrics(result.trace)
+    print(f"plan      {plan.label()}  batch {plan.batch_size}  transport {args.transport}")
+    print(f"measured  {m.summary()}  (median of {args.iterations}, loss {result.loss:.4f})")
+    out = Path(args.out)
+    paths = write_outputs(result.trace, out, "measured", f"measured: {plan.label()}")
+    if profile is not None:
+        from pipesim.compare import compare
+        from pipesim.plot import gantt_pair
+        from pipesim.simulator import simulate
+
+        cluster = load_cluster(args.cluster, plan.n_devices)
+        predicted = simulate(profile, plan, cluster)
+        write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
+        cmp = compare(predicted, result.trace)
+        print(f"compare   {cmp.summary()}")
+        gantt_pair(predicted, result.trace, plan.label()).savefig(out / "compare.png", dpi=110)
+    print(f"wrote {paths['png']}, {paths['chrome']} and the trace CSVs in {out}")
+    return 0
+
+
+def add_run(sub: argparse._SubParsersAction) -> None:
+    from pipesim.cli import add_plan_arguments
+
+    p = sub.add_parser("run", help="execute a plan for real and record its trace",
+                       description="Run a plan on a built-in model with the executor (threads "
+                       "in one process, or one process per stage) and record a measured trace; "
+                       "with --profile, also predict it and compare.")
+    p.add_argument("--model", default="gpt")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--dtype", default="float32")
+    add_plan_arguments(p)
+    p.add_argument("--transport", default="threads", choices=["threads", "processes"])
+    p.add_argument("--device", default="cpu", help="device of every stage (threads transport)")
+    p.add_argument("--pin", action="store_true", help="pin processes to cores")
+    p.add_argument("--iterations", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--profile", help="profile CSV: also simulate the plan and compare")
+    p.add_argument("--cluster", default="cpu", help="cluster preset or JSON for the prediction")
+    p.add_argument("--out", default="out/run")
+    p.set_defaults(func=cmd_run)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser(extra=(add_profile, add_demo)), argv)
+    return run(build_parser(extra=(add_profile, add_run, add_demo)), argv)
 
 
 if __name__ == "__main__":

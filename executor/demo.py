@@ -1,7 +1,9 @@
 """The end-to-end demo behind ``pipesim demo`` (README's first command).
 
 Profiles the default built-in model on CPU, picks a balance by exact min-max partition,
-simulates GPipe and 1F1B, and writes everything under ``--out``.
+simulates GPipe and 1F1B under every checkpoint mode, lets the tuner choose a plan
+under a memory budget, executes the chosen plan for real (one worker thread per stage)
+and compares prediction with measurement.  Everything lands under ``--out``.
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import pandas as pd
 
 from executor.cli import profile_model
 from executor.models import DEFAULT_MODEL
+from executor.pipeline import Pipeline
 from pipesim.balance import min_max_partition
 from pipesim.cli import write_outputs
 from pipesim.cluster import Cluster
+from pipesim.compare import compare
 from pipesim.plan import Plan
+from pipesim.plot import gantt_pair
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
+from pipesim.tune import tune
 
 BATCH, CHUNKS, STAGES = 16, 4, 2
 
@@ -26,13 +32,13 @@ BATCH, CHUNKS, STAGES = 16, 4, 2
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     repeats = 2 if args.quick else 5
-    print(f"1/3 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
-    _, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8], "cpu", "float32", repeats, 1)
+    print(f"1/5 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
+    built, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8, 16], "cpu", "float32", repeats, 1)
     profile_path = prof.save(out / "profile.csv")
     size = BATCH // CHUNKS
     balance = min_max_partition(prof.layer_times(size), STAGES)
     print(f"    {prof.n_layers} layers {prof.layer_names}; balance for {STAGES} stages: {balance}")
-    print("2/3 simulating ...")
+    print("2/5 simulating ...")
     cluster = Cluster.cpu_processes(STAGES)
     rows = []
     for schedule in ("gpipe", "1f1b"):
@@ -49,9 +55,27 @@ def main(args: argparse.Namespace) -> int:
     table = pd.DataFrame(rows)
     table.to_csv(out / "simulated_plans.csv", index=False)
     print(table.round(3).to_string(index=False))
-    print("3/3 outputs")
+    print("3/5 tuning under a 40 MiB budget per device ...")
+    tuned = tune(prof, STAGES, BATCH, 40 * 2**20, cluster=cluster)
+    best = tuned.best
+    tuned.table.drop(columns=["plan"]).to_csv(out / "tuned_plans.csv", index=False)
+    print(f"    best of {len(tuned.table)} simulated plans: {best.label()}")
+    print("4/5 executing the chosen plan (one thread per stage) and comparing ...")
+    measured = Pipeline(built.module, best, ["cpu"] * best.n_devices, built.loss_fn).run(
+        *built.make_batch(BATCH), iterations=3 if args.quick else 5, warmup=1)
+    predicted = simulate(prof, best, cluster)
+    write_outputs(measured.trace, out, "measured", f"measured: {best.label()}")
+    write_outputs(predicted, out, "simulated", f"predicted: {best.label()}")
+    cmp = compare(predicted, measured.trace)
+    gantt_pair(predicted, measured.trace, best.label()).savefig(out / "compare.png", dpi=110)
+    print(f"    {cmp.summary()}")
+    print("    (threads of one process share this machine's cores: see experiments/validate.py "
+          "for the multi-process validation)")
+    print("5/5 outputs")
     print(f"    profile:            {profile_path} (+ .json metadata)")
     print(f"    plans compared:     {out / 'simulated_plans.csv'}")
     print(f"    timelines (PNG):    {out / 'simulated_gpipe.png'}, {out / 'simulated_1f1b.png'}")
     print(f"    Perfetto traces:    {out / 'simulated_gpipe_chrome.json'}")
+    print(f"    tuner's ranking:    {out / 'tuned_plans.csv'}")
+    print(f"    predicted/measured: {out / 'compare.png'}, {out / 'measured_actions.csv'}")
     return 0

@@ -108,6 +108,33 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None =
     return row
 
 
+def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
+               target: torch.Tensor, grads: list[torch.Tensor | None],
+               device: torch.device) -> list[tuple[float, float]]:
+    """One pass over all layers: each layer's forward then its backward, timed alone.
+
+    The first layer's input is data (no gradient), as on a pipeline's first stage.
+    Returns ``(forward seconds, backward seconds)`` per layer.
+    """
+    times = []
+    for i, layer in enumerate(layers):
+        last = i == len(layers) - 1 and loss_fn is not None
+        x = x.detach()
+        if i > 0 and x.is_floating_point():
+            x.requires_grad_(True)
+        fwd, bwd = Stopwatch(device), Stopwatch(device)
+        synchronize(device)
+        with fwd.region():
+            y = layer(x)
+            out = loss_fn(y, target) if last else y
+        if out.requires_grad:
+            with bwd.region():
+                _backward(out, None if last else grads[i])
+        times.append((fwd.elapsed()[0], bwd.elapsed()[0] if out.requires_grad else 0.0))
+        x = y
+    return times
+
+
 def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor],
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
@@ -117,8 +144,12 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
 
     ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
     samples; the first ``b`` rows make the micro-batch of size ``b``.  The model is moved
-    to ``device`` (and ``dtype`` if given) and put in train mode.  Returns a
-    :class:`pipesim.Profile`; ``meta`` adds to its metadata.
+    to ``device`` (and ``dtype`` if given) and put in train mode.
+
+    Repetitions are whole passes over the layers rather than back-to-back runs of one
+    layer: on a shared, noisy machine a burst of load then spreads over every layer's
+    samples instead of inflating one layer's median.  Returns a :class:`pipesim.Profile`;
+    ``meta`` adds to its metadata.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -133,21 +164,35 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     model.to(device=device, dtype=dtype).train()
     layers = list(model)
     rows = []
-    bar = tqdm(total=len(sizes) * len(layers), desc="profiling", disable=not progress,
-               unit="layer", leave=False)
+    bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling", disable=not progress,
+               unit="pass", leave=False)
     for b in sizes:
         # clone: a view of the whole batch would report the whole batch's storage.
-        x = inputs[:b].clone().to(device)
-        if dtype is not None and x.is_floating_point():
-            x = x.to(dtype)
+        x0 = inputs[:b].clone().to(device)
+        if dtype is not None and x0.is_floating_point():
+            x0 = x0.to(dtype)
         target = targets[:b].clone().to(device)
+        # Bytes, output gradients and a first warm-up: one layer at a time.
+        x, grads, byte_rows = x0, [], []
         for i, layer in enumerate(layers):
             last = i == len(layers) - 1 and loss_fn is not None
             row = profile_layer(layer, x, loss_fn=loss_fn if last else None,
-                                target=target if last else None, repeats=repeats, warmup=warmup)
+                                target=target if last else None, repeats=1, warmup=0)
             x = row.pop("output")
-            rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
+            grads.append(None if last else torch.randn_like(x) if x.is_floating_point() else None)
+            byte_rows.append(row)
+        bar.update(1)
+        samples: list[list[tuple[float, float]]] = []
+        for p in range(warmup + repeats):
+            times = _time_pass(layers, x0, loss_fn, target, grads, device)
+            if p >= warmup:
+                samples.append(times)
             bar.update(1)
+        for i, layer in enumerate(layers):
+            row = byte_rows[i]
+            row["fwd_s"] = statistics.median(t[i][0] for t in samples)
+            row["bwd_s"] = statistics.median(t[i][1] for t in samples)
+            rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
     bar.close()
     model.zero_grad(set_to_none=True)
     table = pd.DataFrame(rows)[list(COLUMNS)]
@@ -160,6 +205,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "threads": torch.get_num_threads(),
         "repeats": repeats,
         "warmup": warmup,
+        "repetition": "passes over all layers",
         "loss_in_last_layer": loss_fn is not None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),

@@ -24,8 +24,8 @@ import simpy
 from experiments.common import machine, median_seconds, write_results
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
+from pipesim.profile import synthetic_profile as uniform_profile
 from pipesim.simulator import Simulator, _Run, simulate
-from tests.helpers import uniform_profile
 
 SIZES = [(4, 8), (8, 32), (16, 64), (32, 128)]
 

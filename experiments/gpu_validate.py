@@ -84,7 +84,7 @@ def main() -> None:
                 plans = [dataclasses.replace(p, optimizer="sgd") for p in plans]
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)
 
-                def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y):
+                def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages):
                     traces = []
                     for p in ps:
                         pipe = Pipeline(module, p, devices=[args.device] * n_stages, loss_fn=loss_fn)

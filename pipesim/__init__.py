@@ -8,7 +8,7 @@ from pipesim.errors import (
     ProfileRangeError,
     ScheduleError,
 )
-from pipesim.profile import LayerCost, Profile, split_sizes
+from pipesim.profile import LayerCost, Profile, split_sizes, synthetic_profile
 
 __all__ = [
     "ClusterError",
@@ -20,4 +20,5 @@ __all__ = [
     "ProfileRangeError",
     "ScheduleError",
     "split_sizes",
+    "synthetic_profile",
 ]

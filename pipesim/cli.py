@@ -1,4 +1,4 @@
-"""Console commands that need no torch: ``simulate`` (and helpers shared with executor.cli).
+"""Console commands that need no torch: ``simulate``, ``tune``, ``compare``.
 
 User mistakes (bad files, impossible plans) print one line ``pipesim: error: ...`` and
 exit with status 2; no traceback.
@@ -145,13 +145,112 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
+def parse_bytes(text: str) -> float:
+    """``"512MiB"``, ``"1.5GiB"``, ``"2GB"``, ``"1e9"`` -> bytes."""
+    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
+             "gb": 1e9, "tb": 1e12, "b": 1}
+    t = text.strip().lower().replace(" ", "")
+    unit = next((u for u in units if t.endswith(u)), "")
+    number = t[: len(t) - len(unit)]
+    try:
+        value = float(number) * units.get(unit, 1)
+    except ValueError:
+        raise UserError(f"cannot read a memory size from {text!r} (try 512MiB or 2GiB)") from None
+    if value <= 0:
+        raise UserError(f"memory budget must be positive, got {text!r}")
+    return value
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from pipesim.tune import tune
+
+    profile = Profile.load(args.profile)
+    cluster = load_cluster(args.cluster, args.devices)
+    budget = parse_bytes(args.memory_budget)
+    chunks = parse_ints(args.chunks, "--chunks") if args.chunks else None
+    result = tune(profile, args.devices, args.batch_size, budget, cluster=cluster, chunks=chunks,
+                  schedules=args.schedules.split(","), method=args.method,
+                  optimizer=args.optimizer)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table = result.table.drop(columns=["plan"])
+    table.to_csv(out / "tune.csv", index=False)
+    show = table[table.fits].head(args.top).copy()
+    show["iteration_ms"] = show.pop("iteration_s") * 1e3
+    show["peak_MiB"] = show.pop("peak_bytes") / 2**20
+    print(show.round(3).to_string(index=False))
+    best = result.best
+    (out / "best_plan.json").write_text(json.dumps(best.to_dict(), indent=2))
+    print(f"best: {best.label()} ({len(result.table)} plans simulated, "
+          f"{int(result.table.fits.sum())} fit {budget / 2**20:.0f} MiB)")
+    print(f"wrote {out / 'tune.csv'} and {out / 'best_plan.json'}")
+    return 0
+
+
+def add_tune(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="choose balance, chunks, checkpoint and schedule",
+                       description="Rank plans by predicted throughput under a memory budget "
+                       "per device (exact min-max balance, refined by simulation).")
+    p.add_argument("profile")
+    p.add_argument("--devices", type=int, default=2)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--memory-budget", default="1GiB", help="per device, e.g. 512MiB, 16GiB")
+    p.add_argument("--chunks", help="candidates, e.g. 1,2,4,8 (default: powers of two in range)")
+    p.add_argument("--schedules", default="gpipe,1f1b")
+    p.add_argument("--method", default="minmax", choices=["minmax", "block"])
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--cluster", default="free")
+    p.add_argument("--top", type=int, default=10)
+    p.add_argument("--out", default="out/tune")
+    p.set_defaults(func=cmd_tune)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pipesim.compare import compare
+    from pipesim.plot import gantt_pair
+    from pipesim.trace import Trace
+
+    try:
+        predicted = Trace.load(args.predicted, args.predicted_prefix)
+        measured = Trace.load(args.measured, args.measured_prefix)
+    except FileNotFoundError as exc:
+        raise UserError(f"{exc.filename}: no such trace file") from None
+    result = compare(predicted, measured)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.actions.to_csv(out / "compare_actions.csv", index=False)
+    result.devices.to_csv(out / "compare_devices.csv", index=False)
+    result.iteration.to_csv(out / "compare_iteration.csv", index=False)
+    fig = gantt_pair(predicted, measured)
+    fig.savefig(out / "compare.png", dpi=110)
+    print(result.iteration.round(6).to_string(index=False))
+    print(result.summary())
+    print(f"wrote compare_*.csv and compare.png in {out}")
+    return 0
+
+
+def add_compare(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="prediction against measurement",
+                       description="Join a predicted and a measured trace action by action; "
+                       "print the errors and draw both timelines on one axis.")
+    p.add_argument("predicted", help="folder with PREFIX_actions.csv (default prefix simulated)")
+    p.add_argument("measured", help="folder with PREFIX_actions.csv (default prefix measured)")
+    p.add_argument("--predicted-prefix", default="simulated")
+    p.add_argument("--measured-prefix", default="measured")
+    p.add_argument("--out", default="out/compare")
+    p.set_defaults(func=cmd_compare)
+
+
 def build_parser(extra: Sequence[Callable[[argparse._SubParsersAction], None]] = ()
                  ) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="pipesim",
         description="Plan, simulate and validate pipeline-parallel training.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (*extra, add_simulate):
+    for add in (*extra, add_simulate, add_tune, add_compare):
         add(sub)
     return parser
 

@@ -341,3 +341,21 @@ def split_sizes(batch_size: int, chunks: int) -> list[int]:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     step = math.ceil(batch_size / chunks)
     return [min(step, batch_size - start) for start in range(0, batch_size, step)]
+
+
+def synthetic_profile(n_layers: int, *, fwd_s: float = 1.0, bwd_s: float = 2.0,
+                      sizes: tuple[int, ...] = (1, 64), act_bytes: int = 100,
+                      saved_bytes: int = 300, param_bytes: int = 1000) -> Profile:
+    """A profile of identical layers whose costs are linear in the micro-batch size.
+
+    Each layer costs ``fwd_s``/``bwd_s`` seconds and ``act_bytes`` (input and output),
+    ``saved_bytes`` (its input included) *per sample*, and ``param_bytes`` in all, so a
+    stage of ``k`` layers on ``b`` samples takes ``k * b * fwd_s`` forward.  For
+    what-if studies and for checking the simulator against closed forms.
+    """
+    rows = [dict(layer=layer, name="Uniform", micro_batch=b, fwd_s=fwd_s * b, bwd_s=bwd_s * b,
+                 input_bytes=act_bytes * b, output_bytes=act_bytes * b,
+                 saved_bytes=saved_bytes * b, saved_input_bytes=act_bytes * b,
+                 saved_output_bytes=0, param_bytes=param_bytes)
+            for layer in range(n_layers) for b in sizes]
+    return Profile(pd.DataFrame(rows), meta={"device": "synthetic"})
