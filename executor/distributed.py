@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from executor.ledger import MemoryLedger
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import RunResult, check_inputs
@@ -55,6 +56,7 @@ class RankResult:
     losses: list[float]
     grads: dict[str, object] | None  # parameter name (as in the unsplit module) -> numpy
     step_wall_s: list[float]  # per measured iteration: barrier passed -> all sends done
+    peak_memory_bytes: int = 0  # CUDA allocator peak, or the CPU ledger's (executor.ledger)
 
 
 def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
@@ -78,6 +80,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
     rows: list[tuple] = []
     losses: list[float] = []
     walls: list[float] = []
+    peak = 0
     offset = 0.0
     for i in range(warmup + iterations):
         for stage in mine.values():
@@ -88,8 +91,11 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         if device.type == "cuda":
             recorder.origin_event = torch.cuda.Event(enable_timing=True)
             recorder.origin_event.record()
+        ledger = MemoryLedger()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
-                             fail_at=fail_at)
+                             fail_at=fail_at, ledger=ledger)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         runner.run(schedule.order[rank], xs, ys)
         transport.finish_iteration()
         wall = time.perf_counter() - t0
@@ -102,6 +108,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             offset += float(span)
             losses.append(sum(runner.losses.values()))
             walls.append(wall)
+            peak = max(peak, int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda"
+                       else max(ledger.peak.values(), default=0))
     grads = None
     if return_grads:
         # named as in the unsplit module; numpy pickles by value, while a tensor would
@@ -109,7 +117,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         my_layers = {str(i) for s in mine for i in plan.stage_layers(s)}
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
-    return RankResult(rank, rows, losses, grads, walls)
+    return RankResult(rank, rows, losses, grads, walls, peak)
 
 
 def _free_port() -> int:
@@ -228,7 +236,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 "devices": {r: f"rank{r}" for r in range(world)}, "iterations": iterations,
                 "warmup": warmup, "threads_per_rank": threads_per_rank, "pinned": pin_cores,
                 "torch": torch.__version__,
-                "median_loss": statistics.median(losses) if losses else None}
+                "median_loss": statistics.median(losses) if losses else None,
+                "peak_memory": {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks},
+                "memory_source": "executor ledger (CPU)"}
         out.append((RunResult(Trace(frame_from_rows(rows, ACTION_COLUMNS), meta=meta), losses),
                     ranks))
     return out

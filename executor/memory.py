@@ -14,6 +14,11 @@ def _storage_key(t: torch.Tensor) -> tuple[str, int]:
     return (str(t.device), t.untyped_storage().data_ptr())
 
 
+def storage_sizes(value: object) -> dict[tuple[str, int], int]:
+    """Storage key -> bytes of every tensor in ``value`` (each storage once)."""
+    return {_storage_key(t): t.untyped_storage().nbytes() for t in _tensors(value)}
+
+
 def tensor_bytes(value: object) -> int:
     """Bytes of a tensor or of the tensors in a (nested) tuple/list, each storage once."""
     seen: dict[tuple[str, int], int] = {}

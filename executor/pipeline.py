@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from executor.ledger import cuda_peaks, reset_cuda_peaks
+from executor.ledger import MemoryLedger, cuda_peaks, reset_cuda_peaks
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder
@@ -91,10 +91,12 @@ class Pipeline:
              fail_at: tuple[int, str] | None = None) -> tuple[list[tuple], float, dict[str, int]]:
         """One iteration (gradients accumulate into ``.grad``; clear them yourself).
 
-        Returns the trace rows, the batch's mean loss, and CUDA peak bytes per device.
+        Returns the trace rows, the batch's mean loss, and peak bytes per device (CUDA
+        allocator peaks, or the CPU ledger's; see :mod:`executor.ledger`).
         ``fail_at=(worker, "1F0")`` injects a failure (for tests).
         """
         check_inputs(self.module, self.plan, self.schedule, inputs.shape[0])
+        ledger = MemoryLedger()
         first, last = self.devices[self.schedule.placement[0]], self.devices[
             self.schedule.placement[-1]]
         xs = scatter(inputs.to(first), self.plan)
@@ -111,7 +113,8 @@ class Pipeline:
             recorders.append(rec)
         runners = [StageRunner(w, self._stages_of(w), self.plan, self.loss_fn, dev, transport,
                                recorders[w], self.rng_lock,
-                               fail_at=fail_at[1] if fail_at and fail_at[0] == w else None)
+                               fail_at=fail_at[1] if fail_at and fail_at[0] == w else None,
+                               ledger=ledger)
                    for w, dev in enumerate(self.devices)]
         errors: list[BaseException] = []
 
@@ -144,7 +147,7 @@ class Pipeline:
         transport.finish_iteration()
         rows = [row for rec in recorders for row in rec.rows(iteration)]
         loss = sum(runners[self.schedule.placement[-1]].losses.values())
-        return rows, loss, cuda_peaks(self.devices)
+        return rows, loss, {**dict(ledger.peak), **cuda_peaks(self.devices)}
 
     def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
             warmup: int = 2) -> RunResult:
@@ -177,7 +180,8 @@ class Pipeline:
                 "median_loss": statistics.median(losses) if losses else None}
         if peaks:
             meta["peak_memory"] = peaks
-            meta["memory_source"] = "torch.cuda.max_memory_allocated"
+            meta["memory_source"] = ("torch.cuda.max_memory_allocated" if any(
+                d.type == "cuda" for d in self.devices) else "executor ledger (CPU)")
         return RunResult(Trace(actions, meta=meta), losses)
 
 

@@ -135,6 +135,21 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
     return times
 
 
+def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
+                target: torch.Tensor, grad: torch.Tensor | None,
+                device: torch.device) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model on ``x`` (data: no input gradient)."""
+    fwd, bwd = Stopwatch(device), Stopwatch(device)
+    synchronize(device)
+    with fwd.region():
+        out = model(x.detach())
+        if loss_fn is not None:
+            out = loss_fn(out, target)
+    with bwd.region():
+        _backward(out, None if loss_fn is not None else torch.randn_like(out))
+    return fwd.elapsed()[0], bwd.elapsed()[0]
+
+
 def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor],
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
@@ -164,6 +179,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     model.to(device=device, dtype=dtype).train()
     layers = list(model)
     rows = []
+    whole_model: dict[str, dict[str, float]] = {}
     bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling", disable=not progress,
                unit="pass", leave=False)
     for b in sizes:
@@ -183,11 +199,16 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             byte_rows.append(row)
         bar.update(1)
         samples: list[list[tuple[float, float]]] = []
+        whole: list[tuple[float, float]] = []
         for p in range(warmup + repeats):
             times = _time_pass(layers, x0, loss_fn, target, grads, device)
+            w = _time_whole(model, x0, loss_fn, target, grads[-1], device)
             if p >= warmup:
                 samples.append(times)
+                whole.append(w)
             bar.update(1)
+        whole_model[str(b)] = {"fwd_s": statistics.median(t[0] for t in whole),
+                               "bwd_s": statistics.median(t[1] for t in whole)}
         for i, layer in enumerate(layers):
             row = byte_rows[i]
             row["fwd_s"] = statistics.median(t[i][0] for t in samples)
@@ -206,6 +227,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "repeats": repeats,
         "warmup": warmup,
         "repetition": "passes over all layers",
+        # the whole model's forward/backward at each size, timed in the same passes: the
+        # Profile uses it to remove the cost of timing layers one by one (see Profile)
+        "whole_model": whole_model,
         "loss_in_last_layer": loss_fn is not None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),

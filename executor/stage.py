@@ -27,6 +27,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor.ledger import MemoryLedger
+from executor.memory import module_bytes, parameter_keys, record_saved_tensors, storage_sizes
 from executor.microbatch import loss_weight
 from executor.partition import has_dropout
 from executor.recorder import Recorder
@@ -45,7 +47,7 @@ class StageRunner:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  device: torch.device, transport, recorder: Recorder,
                  rng_lock: threading.Lock | None = None,
-                 fail_at: str | None = None):
+                 fail_at: str | None = None, ledger: MemoryLedger | None = None):
         self.worker, self.stages, self.plan, self.loss_fn = worker, stages, plan, loss_fn
         self.device, self.transport, self.recorder = device, transport, recorder
         self.last = plan.n_stages - 1
@@ -54,6 +56,14 @@ class StageRunner:
         self.fail_at = fail_at
         self.stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
         self.losses: dict[int, float] = {}
+        # CPU memory ledger (see executor.ledger): bytes held per micro-batch in flight
+        self.ledger = ledger if device.type != "cuda" else None
+        self.ledger_name = str(device) if device.type == "cuda" else f"dev{worker}"
+        self._held: dict[tuple[int, int], int] = {}
+        self._grads_counted: set[int] = set()
+        self._param_keys = {s: parameter_keys(m) for s, m in stages.items()}
+        if self.ledger is not None:
+            self.ledger.add(self.ledger_name, sum(module_bytes(m) for m in stages.values()))
 
     def _locked(self):
         return self.rng_lock if self.rng_lock is not None else contextlib.nullcontext()
@@ -85,14 +95,20 @@ class StageRunner:
         module = self.stages[s]
         rec = self.recorder
         rec.start(s, m, "F")
-        with self._locked():
+        saving = record_saved_tensors() if self.ledger is not None else contextlib.nullcontext()
+        with self._locked(), saving as saved:
             if self.plan.checkpointed(m):
-                y = checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
+                out = checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
             else:
-                y = module(x)
-            if s == self.last:
-                y = self.loss_fn(y, targets[m]) * loss_weight(self.plan, m)
+                out = module(x)
+            y = self.loss_fn(out, targets[m]) * loss_weight(self.plan, m) if s == self.last else out
         rec.stop(s, m, "F")
+        if self.ledger is not None:
+            # each storage once: what autograd saved, the received input, the stage output
+            held = {k: n for k, n in saved.storages.items() if k not in self._param_keys[s]}
+            held.update(storage_sizes([x, out] if s > 0 else [out]))
+            self._held[(s, m)] = sum(held.values())
+            self.ledger.add(self.ledger_name, self._held[(s, m)])
         self.stash[(s, m)] = (x, y)
         if s == self.last:
             self.losses[m] = float(y.detach())
@@ -107,6 +123,12 @@ class StageRunner:
         with self._locked() if self.plan.checkpointed(m) else contextlib.nullcontext():
             torch.autograd.backward(y, grad)
         rec.stop(s, m, "B")
+        if self.ledger is not None:
+            if s not in self._grads_counted:  # gradients now exist for this stage
+                self._grads_counted.add(s)
+                self.ledger.add(self.ledger_name, sum(p.numel() * p.element_size()
+                                                     for p in self.stages[s].parameters()))
+            self.ledger.add(self.ledger_name, -self._held.pop((s, m)))
         del y, grad
         if s > 0:
             if x.grad is None:

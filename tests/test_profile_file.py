@@ -136,3 +136,23 @@ def test_span_counts_shared_boundary_tensors_once():
     (8, 4, [2, 2, 2, 2]), (10, 4, [3, 3, 3, 1]), (5, 4, [2, 2, 1]), (3, 3, [1, 1, 1])])
 def test_split_sizes_follow_tensor_chunk(batch, chunks, sizes):
     assert split_sizes(batch, chunks) == sizes
+
+
+def test_isolation_excess_is_removed_per_internal_boundary():
+    prof = uniform_profile(5, fwd_s=1.0, bwd_s=2.0, sizes=(1, 4))
+    # the whole model measured 0.8x the per-layer sums: 1 s forward and 2 s backward lost
+    # per sample over the 4 internal boundaries
+    prof.meta["whole_model"] = {"1": {"fwd_s": 4.0, "bwd_s": 8.0},
+                                "4": {"fwd_s": 16.0, "bwd_s": 32.0}}
+    assert prof.span_cost(0, 1, 2).fwd_s == pytest.approx(2.0)  # one layer: as profiled
+    assert prof.span_cost(0, 5, 2).fwd_s == pytest.approx(8.0)  # all: the whole model
+    assert prof.span_cost(0, 5, 2).bwd_s == pytest.approx(16.0)
+    assert prof.span_cost(1, 4, 2).fwd_s == pytest.approx(6.0 - 2 / 4 * 2.0)  # 2 of 4 boundaries
+    back = Profile(prof.table, dict(prof.meta))
+    assert back.isolation_excess(2) == pytest.approx((2.0, 4.0))
+
+
+def test_without_whole_model_times_spans_are_plain_sums():
+    prof = uniform_profile(3, sizes=(1, 4))
+    assert prof.isolation_excess(2) is None
+    assert prof.span_cost(0, 3, 2).fwd_s == pytest.approx(6.0)
