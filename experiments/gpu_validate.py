@@ -17,7 +17,6 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 import time
@@ -80,8 +79,6 @@ def main() -> None:
                 prof.save(out / f"profile_{name}_{dtype}.csv")
                 plans = grid(prof, n_stages, args.batch,
                              chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16))
-                # the run holds no optimizer state: predict with plain SGD
-                plans = [dataclasses.replace(p, optimizer="sgd") for p in plans]
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)
 
                 def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages):

@@ -26,7 +26,11 @@ Measure = Callable[[list[Plan]], list[Trace]]
 def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
          checkpoints=("never", "except_last", "always"), schedules=("gpipe", "1f1b"),
          skew: bool = True) -> list[Plan]:
-    """Balanced (exact partition) and skewed balances x chunks x checkpoint x schedule."""
+    """Balanced (exact partition) and skewed balances x chunks x checkpoint x schedule.
+
+    Plans say ``optimizer="sgd"``: the executor runs forward and backward only and holds
+    no optimizer state, so that is what its memory is compared with.
+    """
     size = max(1, batch // 4)
     balanced = min_max_partition(profile.layer_times(size), n_stages)
     balances = [balanced]
@@ -35,8 +39,8 @@ def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
         if skewed == balanced:
             skewed = [profile.n_layers - n_stages + 1] + [1] * (n_stages - 1)
         balances.append(skewed)
-    return [Plan(b, c, batch, checkpoint=k, schedule=s) for b in balances for c in chunks
-            if c <= batch for k in checkpoints for s in schedules]
+    return [Plan(b, c, batch, checkpoint=k, schedule=s, optimizer="sgd") for b in balances
+            for c in chunks if c <= batch for k in checkpoints for s in schedules]
 
 
 def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
