@@ -30,10 +30,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
+from executor.batchnorm import commit_deferred_batch_norm
 from executor.ledger import MemoryLedger
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.pipeline import RunResult, check_inputs
+from executor.pipeline import RunResult, check_inputs, stage_skips
 from executor.recorder import Recorder
 from executor.stage import StageRunner
 from executor.transport import DistTransport
@@ -76,7 +77,9 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             if schedule.placement[s] == rank}
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)
-    transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s)
+    skips = stage_skips(module, plan)
+    transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s,
+                              skip_names=tuple(name for name, _, _ in skips))
     rows: list[tuple] = []
     losses: list[float] = []
     walls: list[float] = []
@@ -93,12 +96,13 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             recorder.origin_event.record()
         ledger = MemoryLedger()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
-                             fail_at=fail_at, ledger=ledger)
+                             fail_at=fail_at, ledger=ledger, skips=skips)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         runner.run(schedule.order[rank], xs, ys)
         transport.finish_iteration()
         wall = time.perf_counter() - t0
+        commit_deferred_batch_norm(module)
         it_rows = recorder.rows(i - warmup)
         # one span per iteration, agreed by all ranks, lays iterations end to end
         span = torch.tensor([max((r[6] for r in it_rows), default=0.0)], dtype=torch.float64)

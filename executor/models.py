@@ -10,6 +10,8 @@ pipelined step that averages micro-batch losses by their share equals the full b
 * ``gpt``    -- token+position embedding, N pre-norm transformer blocks, final norm, head:
   the first and last layers are deliberately unlike the middle ones (the head is a
   vocabulary-sized matmul).
+* ``unet``   -- encoder/decoder with skip connections (``executor.skip`` Stash/Pop layers).
+* ``resnet_skip`` -- residual blocks spread over layers, so residuals can cross stages.
 """
 
 from __future__ import annotations
@@ -193,8 +195,77 @@ def gpt(vocab: int = 4096, d_model: int = 128, n_layers: int = 4, n_heads: int =
                              n_heads=n_heads, seq_len=seq_len))
 
 
+# ----------------------------------------------------------------------- skip models
+def conv_block(c_in: int, c_out: int) -> nn.Sequential:
+    """3x3 convolution, batch norm, ReLU."""
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out),
+                         nn.ReLU())
+
+
+def unet(depth: int = 2, width: int = 8, in_channels: int = 3, classes: int = 2,
+         image_size: int = 32, seed: int = 0) -> BuiltinModel:
+    """A U-Net as an ``nn.Sequential``: every encoder level stashes its features, the
+    decoder level of the same resolution pops and concatenates them (skip connections).
+
+    Layers: stem, ``depth`` x [Stash, down], bottleneck, ``depth`` x [up, Pop, block], head.
+    Targets are per-pixel classes ``[batch, H, W]``; ``image_size`` must divide by 2**depth.
+    """
+    from executor.skip import Pop, Stash
+
+    if image_size % 2**depth:
+        raise ValueError(f"image_size {image_size} must be divisible by 2**depth = {2**depth}")
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [conv_block(in_channels, width)]
+    c = width
+    for i in range(depth):
+        layers += [Stash(f"level{i}"), nn.Sequential(nn.MaxPool2d(2), conv_block(c, 2 * c))]
+        c *= 2
+    layers.append(conv_block(c, c))
+    for i in reversed(range(depth)):
+        layers += [nn.Sequential(nn.Upsample(scale_factor=2), nn.Conv2d(c, c // 2, 1)),
+                   Pop(f"level{i}", "cat"), conv_block(c, c // 2)]
+        c //= 2
+    layers.append(nn.Conv2d(c, classes, 1))
+    module = nn.Sequential(*layers)
+
+    def make_batch(n: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+        g = _generator(seed)
+        return (torch.randn(n, in_channels, image_size, image_size, generator=g).to(dtype),
+                torch.randint(0, classes, (n, image_size, image_size), generator=g))
+
+    return BuiltinModel("unet", module, make_batch, nn.functional.cross_entropy,
+                        dict(depth=depth, width=width, image_size=image_size, classes=classes))
+
+
+def resnet_skip(width: int = 16, blocks: int = 4, image_size: int = 16, classes: int = 10,
+                seed: int = 0) -> BuiltinModel:
+    """A ResNet whose residual blocks are spread over several layers, so a stage boundary
+    can fall inside a block and the residual crosses it: per block
+    ``[Stash, conv-bn-relu, conv-bn, Pop(add), ReLU]``."""
+    from executor.skip import Pop, Stash
+
+    torch.manual_seed(seed)
+    layers: list[nn.Module] = [conv_block(3, width)]
+    for i in range(blocks):
+        layers += [Stash(f"res{i}"), conv_block(width, width),
+                   nn.Sequential(nn.Conv2d(width, width, 3, padding=1, bias=False),
+                                 nn.BatchNorm2d(width)),
+                   Pop(f"res{i}", "add"), nn.ReLU()]
+    layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)))
+    module = nn.Sequential(*layers)
+
+    def make_batch(n: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+        g = _generator(seed)
+        return (torch.randn(n, 3, image_size, image_size, generator=g).to(dtype),
+                torch.randint(0, classes, (n,), generator=g))
+
+    return BuiltinModel("resnet_skip", module, make_batch, nn.functional.cross_entropy,
+                        dict(width=width, blocks=blocks, image_size=image_size))
+
+
 #: name -> builder; every builder takes keyword sizes and returns a BuiltinModel.
-BUILTIN_MODELS: dict[str, Callable[..., BuiltinModel]] = {"mlp": mlp, "resnet": resnet, "gpt": gpt}
+BUILTIN_MODELS: dict[str, Callable[..., BuiltinModel]] = {
+    "mlp": mlp, "resnet": resnet, "gpt": gpt, "unet": unet, "resnet_skip": resnet_skip}
 
 #: The demo's model: small enough to profile in seconds on a 2-core CPU.
 DEFAULT_MODEL = "gpt"

@@ -21,10 +21,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from executor.batchnorm import commit_deferred_batch_norm
 from executor.ledger import MemoryLedger, cuda_peaks, reset_cuda_peaks
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder
+from executor.skip import check_skips
 from executor.stage import ActionFailed, StageRunner
 from executor.transport import PipelineAborted, ThreadTransport
 from pipesim.errors import PlanError
@@ -43,6 +45,13 @@ class RunResult:
     @property
     def loss(self) -> float:
         return self.losses[-1]
+
+
+def stage_skips(module: nn.Sequential, plan: Plan) -> tuple[tuple[str, int, int], ...]:
+    """Skips that cross stages: ``(name, stashing stage, popping stage)``; checks them all."""
+    stage_of = {layer: s for s in range(plan.n_stages) for layer in plan.stage_layers(s)}
+    return tuple((r.name, stage_of[r.src], stage_of[r.dst]) for r in check_skips(module)
+                 if stage_of[r.src] != stage_of[r.dst])
 
 
 def check_inputs(module: nn.Module, plan: Plan, schedule: Schedule, batch: int) -> None:
@@ -82,6 +91,8 @@ class Pipeline:
             stage.to(self.devices[self.schedule.placement[s]])
         self.timeout_s = timeout_s
         self.rng_lock = threading.Lock()
+        self.skips = stage_skips(module, plan)
+        self.last_transport: ThreadTransport | None = None
 
     def _stages_of(self, worker: int) -> dict[int, nn.Module]:
         return {s: self.stages[s] for s in range(self.plan.n_stages)
@@ -114,7 +125,7 @@ class Pipeline:
         runners = [StageRunner(w, self._stages_of(w), self.plan, self.loss_fn, dev, transport,
                                recorders[w], self.rng_lock,
                                fail_at=fail_at[1] if fail_at and fail_at[0] == w else None,
-                               ledger=ledger)
+                               ledger=ledger, skips=self.skips)
                    for w, dev in enumerate(self.devices)]
         errors: list[BaseException] = []
 
@@ -145,6 +156,8 @@ class Pipeline:
                 raise ActionFailed(str(first_error)) from first_error.__cause__
             raise first_error
         transport.finish_iteration()
+        self.last_transport = transport
+        commit_deferred_batch_norm(self.module)
         rows = [row for rec in recorders for row in rec.rows(iteration)]
         loss = sum(runners[self.schedule.placement[-1]].losses.values())
         return rows, loss, {**dict(ledger.peak), **cuda_peaks(self.devices)}

@@ -25,6 +25,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
+from executor.skip import SkipTracker, check_skips, use_tracker
 from executor.timing import Stopwatch, synchronize
 from pipesim.profile import COLUMNS, Profile
 
@@ -180,40 +181,51 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     layers = list(model)
     rows = []
     whole_model: dict[str, dict[str, float]] = {}
+    routes = check_skips(model)
+    skips = [{"name": r.name, "stash_layer": r.src, "pop_layer": r.dst, "bytes": {}}
+             for r in routes]
     bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling", disable=not progress,
                unit="pass", leave=False)
-    for b in sizes:
-        # clone: a view of the whole batch would report the whole batch's storage.
-        x0 = inputs[:b].clone().to(device)
-        if dtype is not None and x0.is_floating_point():
-            x0 = x0.to(dtype)
-        target = targets[:b].clone().to(device)
-        # Bytes, output gradients and a first warm-up: one layer at a time.
-        x, grads, byte_rows = x0, [], []
-        for i, layer in enumerate(layers):
-            last = i == len(layers) - 1 and loss_fn is not None
-            row = profile_layer(layer, x, loss_fn=loss_fn if last else None,
-                                target=target if last else None, repeats=1, warmup=0)
-            x = row.pop("output")
-            grads.append(None if last else torch.randn_like(x) if x.is_floating_point() else None)
-            byte_rows.append(row)
-        bar.update(1)
-        samples: list[list[tuple[float, float]]] = []
-        whole: list[tuple[float, float]] = []
-        for p in range(warmup + repeats):
-            times = _time_pass(layers, x0, loss_fn, target, grads, device)
-            w = _time_whole(model, x0, loss_fn, target, grads[-1], device)
-            if p >= warmup:
-                samples.append(times)
-                whole.append(w)
+    # Layers run one at a time and repeatedly: a retaining tracker lets a Pop layer find
+    # the tensor its Stash layer left, every time.
+    with use_tracker(SkipTracker(retain=True)):
+        for b in sizes:
+            # clone: a view of the whole batch would report the whole batch's storage.
+            x0 = inputs[:b].clone().to(device)
+            if dtype is not None and x0.is_floating_point():
+                x0 = x0.to(dtype)
+            target = targets[:b].clone().to(device)
+            # Bytes, output gradients and a first warm-up: one layer at a time.
+            x, grads, byte_rows = x0, [], []
+            for i, layer in enumerate(layers):
+                last = i == len(layers) - 1 and loss_fn is not None
+                row = profile_layer(layer, x, loss_fn=loss_fn if last else None,
+                                    target=target if last else None, repeats=1, warmup=0)
+                x = row.pop("output")
+                grads.append(None if last else torch.randn_like(x) if x.is_floating_point() else None)
+                byte_rows.append(row)
             bar.update(1)
-        whole_model[str(b)] = {"fwd_s": statistics.median(t[0] for t in whole),
-                               "bwd_s": statistics.median(t[1] for t in whole)}
-        for i, layer in enumerate(layers):
-            row = byte_rows[i]
-            row["fwd_s"] = statistics.median(t[i][0] for t in samples)
-            row["bwd_s"] = statistics.median(t[i][1] for t in samples)
-            rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
+            if skips:  # bytes of each skip tensor at this size
+                with torch.no_grad(), use_tracker(SkipTracker(retain=True)) as tracker:
+                    model(x0)
+                for skip in skips:
+                    skip["bytes"][str(b)] = tensor_bytes(tracker.stashed[skip["name"]])
+            samples: list[list[tuple[float, float]]] = []
+            whole: list[tuple[float, float]] = []
+            for p in range(warmup + repeats):
+                times = _time_pass(layers, x0, loss_fn, target, grads, device)
+                w = _time_whole(model, x0, loss_fn, target, grads[-1], device)
+                if p >= warmup:
+                    samples.append(times)
+                    whole.append(w)
+                bar.update(1)
+            whole_model[str(b)] = {"fwd_s": statistics.median(t[0] for t in whole),
+                                   "bwd_s": statistics.median(t[1] for t in whole)}
+            for i, layer in enumerate(layers):
+                row = byte_rows[i]
+                row["fwd_s"] = statistics.median(t[i][0] for t in samples)
+                row["bwd_s"] = statistics.median(t[i][1] for t in samples)
+                rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
     bar.close()
     model.zero_grad(set_to_none=True)
     table = pd.DataFrame(rows)[list(COLUMNS)]
@@ -230,6 +242,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         # the whole model's forward/backward at each size, timed in the same passes: the
         # Profile uses it to remove the cost of timing layers one by one (see Profile)
         "whole_model": whole_model,
+        # skip connections: stashing and popping layer, bytes per micro-batch size
+        "skips": skips,
         "loss_in_last_layer": loss_fn is not None,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),

@@ -27,11 +27,13 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor.batchnorm import recomputing
 from executor.ledger import MemoryLedger
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, storage_sizes
 from executor.microbatch import loss_weight
 from executor.partition import has_dropout
 from executor.recorder import Recorder
+from executor.skip import SkipTracker, use_tracker
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, Action
 
@@ -47,7 +49,8 @@ class StageRunner:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  device: torch.device, transport, recorder: Recorder,
                  rng_lock: threading.Lock | None = None,
-                 fail_at: str | None = None, ledger: MemoryLedger | None = None):
+                 fail_at: str | None = None, ledger: MemoryLedger | None = None,
+                 skips: tuple[tuple[str, int, int], ...] = ()):
         self.worker, self.stages, self.plan, self.loss_fn = worker, stages, plan, loss_fn
         self.device, self.transport, self.recorder = device, transport, recorder
         self.last = plan.n_stages - 1
@@ -55,6 +58,10 @@ class StageRunner:
         self.rng_lock = rng_lock if (random and rng_lock is not None) else None
         self.fail_at = fail_at
         self.stash: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}
+        # skips crossing stages: (name, stashing stage, popping stage)
+        self.skips_in = {st: [(n, a) for n, a, b in skips if b == st] for st in stages}
+        self.skips_out = {st: [(n, b) for n, a, b in skips if a == st] for st in stages}
+        self._skip_state: dict[tuple[int, int], dict] = {}
         self.losses: dict[int, float] = {}
         # CPU memory ledger (see executor.ledger): bytes held per micro-batch in flight
         self.ledger = ledger if device.type != "cuda" else None
@@ -93,6 +100,8 @@ class StageRunner:
             if x.is_floating_point():
                 x.requires_grad_(True)
         module = self.stages[s]
+        if self.skips_in[s] or self.skips_out[s] or self.plan.checkpointed(m):
+            module = self._wrap(s, m, module)
         rec = self.recorder
         rec.start(s, m, "F")
         saving = record_saved_tensors() if self.ledger is not None else contextlib.nullcontext()
@@ -114,15 +123,61 @@ class StageRunner:
             self.losses[m] = float(y.detach())
         else:
             self.transport.send(y.detach(), s + 1, "F", m)
+        state = self._skip_state.get((s, m))
+        if state is not None and (self.skips_in[s] or self.skips_out[s]):
+            tracker = state["tracker"]
+            tracker.closed = True
+            for name, dst in self.skips_out[s]:
+                # straight to the popping stage, not through the stages between
+                self.transport.send(tracker.stashed[name].detach(), dst, f"S:{name}", m)
+            state["out"] = [tracker.stashed.pop(name) for name, _ in self.skips_out[s]]
+            if not self.plan.checkpointed(m):
+                tracker.tensors.clear()  # nothing to recompute: let autograd own them
+
+    def _wrap(self, s: int, m: int, module: nn.Module) -> Callable:
+        """``module`` run under this micro-batch's skip tracker, its second and later calls
+        marked as recomputations (deferred batch norm skips them) -- in whatever thread
+        calls it: a recomputation may run on autograd's thread."""
+        tracker = SkipTracker(retain=True)
+        leaves = {}
+        for name, src in self.skips_in[s]:
+            t = self.transport.recv(s, f"S:{name}", m, src_stage=src).detach()
+            if t.is_floating_point():
+                t.requires_grad_(True)
+            tracker.tensors[name] = leaves[name] = t
+        self._skip_state[(s, m)] = {"tracker": tracker, "leaves": leaves, "out": []}
+        calls = [0]
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            calls[0] += 1
+            with use_tracker(tracker), recomputing(calls[0] > 1):
+                return module(x)
+
+        return run
 
     def backward(self, s: int, m: int) -> None:
         x, y = self.stash.pop((s, m))
         grad = None if s == self.last else self.transport.recv(s, "B", m)
+        state = self._skip_state.pop((s, m), None)
+        outputs, grads = [y], [grad]
+        if state is not None and self.skips_out[s]:
+            for (name, dst), t in zip(self.skips_out[s], state["out"], strict=True):
+                outputs.append(t)
+                grads.append(self.transport.recv(s, f"SB:{name}", m, src_stage=dst))
         rec = self.recorder
         rec.start(s, m, "B")
         with self._locked() if self.plan.checkpointed(m) else contextlib.nullcontext():
-            torch.autograd.backward(y, grad)
+            if len(outputs) == 1:
+                torch.autograd.backward(y, grad)
+            else:
+                torch.autograd.backward(outputs, grads)
         rec.stop(s, m, "B")
+        if state is not None and self.skips_in[s]:
+            for name, src in self.skips_in[s]:
+                leaf = state["leaves"][name]
+                g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                self.transport.send(g, src, f"SB:{name}", m)
+            state.clear()
         if self.ledger is not None:
             if s not in self._grads_counted:  # gradients now exist for this stage
                 self._grads_counted.add(s)

@@ -40,6 +40,7 @@ class ThreadTransport:
         self._box: dict[tuple[int, str, int], tuple[torch.Tensor, object]] = {}
         self._cond = threading.Condition()
         self.error: BaseException | None = None
+        self.received: list[tuple[int, str, int]] = []  # every key received, in order
         self._copy_streams: dict[tuple[str, str], torch.cuda.Stream] = {}
 
     def abort(self, error: BaseException) -> None:
@@ -76,8 +77,10 @@ class ThreadTransport:
             self._box[(dst_stage, kind, mb)] = (tensor, ready)
             self._cond.notify_all()
 
-    def recv(self, stage: int, kind: str, mb: int) -> torch.Tensor:
+    def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
+        del src_stage  # the mailbox is keyed by the receiver
         key = (stage, kind, mb)
+        self.received.append(key)
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             while key not in self._box:
@@ -113,8 +116,10 @@ class DistTransport:
     """
 
     def __init__(self, rank: int, placement: tuple[int, ...], n_microbatches: int,
-                 device: torch.device, timeout_s: float = 120.0):
+                 device: torch.device, timeout_s: float = 120.0, skip_names: tuple[str, ...] = ()):
         self.rank, self.placement, self.m = rank, placement, n_microbatches
+        # message kinds, in an order every rank agrees on: tags are built from it
+        self.kinds = ["F", "B"] + [f"{p}:{n}" for n in sorted(skip_names) for p in ("S", "SB")]
         self.device, self.timeout = device, timedelta(seconds=timeout_s)
         self._shapes: dict[tuple[int, str, int], tuple[torch.dtype, tuple[int, ...]]] = {}
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
@@ -122,10 +127,12 @@ class DistTransport:
         self.sent_bytes = 0
 
     def _tag(self, stage: int, kind: str, mb: int) -> int:
-        return (stage * self.m + mb) * 2 + (kind == "B")
+        return (stage * self.m + mb) * len(self.kinds) + self.kinds.index(kind)
 
-    def _peer(self, stage: int, kind: str) -> int:
-        """Rank that sends (stage, kind): the neighbour stage's rank."""
+    def _peer(self, stage: int, kind: str, src_stage: int | None) -> int:
+        """Rank that sends (stage, kind): the neighbour stage's, or ``src_stage``'s."""
+        if src_stage is not None:
+            return self.placement[src_stage]
         return self.placement[stage - 1] if kind == "F" else self.placement[stage + 1]
 
     def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int) -> None:
@@ -147,8 +154,8 @@ class DistTransport:
         self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
         self.sent_bytes += tensor.numel() * tensor.element_size()
 
-    def recv(self, stage: int, kind: str, mb: int) -> torch.Tensor:
-        src = self._peer(stage, kind)
+    def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
+        src = self._peer(stage, kind, src_stage)
         key = (stage, kind, mb)
         if src == self.rank:
             return self._local.pop(key)

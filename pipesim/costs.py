@@ -38,6 +38,7 @@ class PlanCosts:
     def __init__(self, profile: Profile, plan: Plan, *, extrapolate: bool = False):
         plan.check_layers(profile.n_layers)
         self.plan = plan
+        self.extrapolate = extrapolate
         sizes = plan.micro_batch_sizes
         cache: dict[tuple[int, int, bool], StageCost] = {}
         self._table: list[list[StageCost]] = []

@@ -19,9 +19,9 @@ if TYPE_CHECKING:
 
 #: colours by action kind (forward, backward, recompute, transfers)
 COLOURS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "SEND_F": "#8C8C8C",
-           "SEND_B": "#B0B0B0"}
+           "SEND_B": "#B0B0B0", "SEND_S": "#8172B3", "SEND_SB": "#B8A9E0"}
 _LABELS = {"F": "forward", "B": "backward", "R": "recompute", "SEND_F": "send activation",
-           "SEND_B": "send gradient"}
+           "SEND_B": "send gradient", "SEND_S": "send skip", "SEND_SB": "send skip gradient"}
 
 
 def _rows(actions: pd.DataFrame, by: str) -> list[str]:
@@ -49,7 +49,7 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
     index = {label: i for i, label in enumerate(rows)}
     t0 = float(a["start"].min()) if t0 is None else t0
     seen: set[str] = set()
-    for kind in ("F", "B", "R", "SEND_F", "SEND_B"):
+    for kind in ("F", "B", "R", "SEND_F", "SEND_B", "SEND_S", "SEND_SB"):
         part = a[a["kind"] == kind]
         if part.empty:
             continue

@@ -94,6 +94,7 @@ class Profile:
 
     def __post_init__(self) -> None:
         self.table = validate_table(self.table, self.source)
+        self.skip_routes()  # validates the skip metadata, if any
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -236,6 +237,34 @@ class Profile:
             else:
                 cache[key] = (ex_f[lo] * (1 - w) + ex_f[hi] * w, ex_b[lo] * (1 - w) + ex_b[hi] * w)
         return cache[key]
+
+    def skip_routes(self) -> list[tuple[str, int, int]]:
+        """Skip connections as ``(name, stashing layer, popping layer)`` (from the metadata)."""
+        routes = []
+        for i, skip in enumerate(self.meta.get("skips") or []):
+            try:
+                name, src, dst = skip["name"], int(skip["stash_layer"]), int(skip["pop_layer"])
+                sizes = {int(k) for k in skip["bytes"]}
+            except (KeyError, TypeError, ValueError) as exc:
+                raise ProfileError(f"{self.source}: metadata 'skips' entry {i} is malformed "
+                                   f"({exc!r})") from None
+            if not 0 <= src < dst < self.n_layers:
+                raise ProfileError(f"{self.source}: skip {name!r} goes from layer {src} to {dst}, "
+                                   f"not forward inside 0..{self.n_layers - 1}")
+            if sizes != set(self.micro_batch_sizes):
+                raise ProfileError(f"{self.source}: skip {name!r} has bytes for sizes "
+                                   f"{sorted(sizes)}, the table for {list(self.micro_batch_sizes)}")
+            routes.append((name, src, dst))
+        return routes
+
+    def skip_bytes(self, name: str, micro_batch: float, *, extrapolate: bool = False) -> float:
+        """Bytes of skip ``name`` at ``micro_batch`` samples (linear between sizes)."""
+        skip = next(k for k in self.meta["skips"] if k["name"] == name)
+        lo, hi, w = self._weights(micro_batch, extrapolate)
+        sizes = self.micro_batch_sizes
+        if lo == hi:
+            return skip["bytes"][str(sizes[0])] * micro_batch / sizes[0]
+        return skip["bytes"][str(sizes[lo])] * (1 - w) + skip["bytes"][str(sizes[hi])] * w
 
     def layer_times(self, micro_batch: float, *, extrapolate: bool = False) -> np.ndarray:
         """Forward+backward seconds of every layer at ``micro_batch``, shape [n_layers]."""

@@ -66,6 +66,8 @@ class _Step(NamedTuple):
     alloc_start: float  # bytes allocated when it starts
     alloc_end: float  # bytes allocated (negative: freed) when it ends
     send: _Send | None
+    extra_waits: tuple[int, ...] = ()  # skip tensors or skip gradients it needs
+    extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
 
 
 class _Send(NamedTuple):
@@ -152,6 +154,14 @@ class _Run:
                     yield slot
                 elif slot.__class__ is float and slot > env.now:
                     yield timeout(slot - env.now)
+            for base in step.extra_waits:
+                index = base + 2 * mb
+                slot = slots[index]
+                if slot is None:
+                    slot = slots[index] = env.event()
+                    yield slot
+                elif slot.__class__ is float and slot > env.now:
+                    yield timeout(slot - env.now)
             if gap:
                 yield timeout(gap)
             if resource is not None:
@@ -177,6 +187,8 @@ class _Run:
                 resource.release(req)
             if step.send is not None:
                 self._send(w, step.stage, mb, step.send)
+            for extra in step.extra_sends:
+                self._send(w, step.stage, mb, extra)
 
     def run(self) -> float:
         """Simulate; returns the iteration's end time (absolute seconds)."""
@@ -246,8 +258,12 @@ class Simulator:
         plan, costs = self.plan, self.costs
         n, m = plan.n_stages, plan.n_microbatches
         workers = range(self.schedule.n_devices)
-        # Event (stage * m + mb) * 2 + is_backward: the stage's input (or gradient) arrived.
-        self.n_events = 2 * n * m
+        # Event (stage * m + mb) * 2 + is_backward: the stage's input (or gradient) arrived;
+        # then, per skip crossing stages, 2 * m more: its tensor (or gradient) arrived.
+        stage_of = {layer: s for s in range(n) for layer in plan.stage_layers(s)}
+        self.skips = [(name, stage_of[a], stage_of[b]) for name, a, b in self.profile.skip_routes()
+                      if stage_of[a] != stage_of[b]]
+        self.n_events = 2 * n * m + 2 * m * len(self.skips)
         users = defaultdict(list)
         for w in workers:
             users[self.resource_of[w]].append(w)
@@ -270,10 +286,12 @@ class Simulator:
                 key = (s, kind, id(c), first_backward)
                 if self.durations and (s, kind, mb) in self.durations:
                     step = self._step(w, s, kind, c, first_backward, self.durations[(s, kind, mb)])
+                    step = self._with_skips(step, w, mb)
                 else:
                     step = cache.get(key)
                     if step is None:
-                        step = cache[key] = self._step(w, s, kind, c, first_backward, None)
+                        step = cache[key] = self._with_skips(
+                            self._step(w, s, kind, c, first_backward, None), w, mb)
                 program.append((mb, step))
             self.programs.append(program)
 
@@ -308,18 +326,52 @@ class Simulator:
         wait = s * m * 2 + 1 if s < n - 1 else -1
         return _Step(s, kind, wait, seconds, recompute, alloc_start, -freed, send)
 
-    def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float) -> _Send:
+    def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
+        """Add the skip connections that start or end at this step's stage.
+
+        The stashing stage sends the skip tensor straight to the popping stage after its
+        forward and keeps it until its backward, which waits for the skip's gradient; the
+        popping stage waits for it before its forward, holds it until the end of its
+        backward, and sends the gradient straight back.
+        """
+        if not self.skips:
+            return step
+        n, m = self.plan.n_stages, self.plan.n_microbatches
+        size = self.plan.micro_batch_sizes[mb]
+        waits, sends, alloc_end = list(step.extra_waits), list(step.extra_sends), step.alloc_end
+        for r, (name, a, b) in enumerate(self.skips):
+            nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
+            event = 2 * n * m + 2 * m * r
+            cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
+            if step.stage == a and step.kind == FORWARD:
+                sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
+                alloc_end += nbytes
+            elif step.stage == b and step.kind == FORWARD:
+                waits.append(event)
+            elif step.stage == b:
+                sends.append(self._send(w, b, a, "SEND_SB", nbytes, event + 1))
+                alloc_end -= nbytes if cross else 0.0
+            elif step.stage == a:
+                waits.append(event + 1)
+                alloc_end -= nbytes
+        return step._replace(extra_waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end)
+
+    def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float,
+              event: int | None = None) -> _Send:
         m = self.plan.n_microbatches
         dst = self.placement[dst_stage]
-        event = dst_stage * m * 2 + (kind == "SEND_B")
+        if event is None:
+            event = dst_stage * m * 2 + (kind == "SEND_B")
         src_dev, dst_dev = self.resource_of[src], self.resource_of[dst]
         link = self.cluster.link_between(src, dst) if src != dst else FREE
         over = self.cluster.transfer_overhead_s
         if src == dst or (link is FREE and not over):
             return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, "", "")
         occupancy = over + link.seconds(nbytes) - link.latency_s
+        # a skip's gradient is consumed at once by the stashing stage's backward: no buffer
+        holds = dst_dev != src_dev and kind != "SEND_SB"
         return _Send(kind, event, (src, dst), occupancy, link.latency_s, int(nbytes), src_dev,
-                     dst_dev if dst_dev != src_dev else "", f"dev{src}->dev{dst}")
+                     dst_dev if holds else "", f"dev{src}->dev{dst}")
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None

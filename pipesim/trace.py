@@ -12,7 +12,8 @@ stage        int   pipeline stage
 microbatch   int   micro-batch index
 kind         str   ``F`` forward, ``B`` backward (recomputation included),
                    ``R`` recomputation (a sub-interval of its ``B``),
-                   ``SEND_F`` activation transfer, ``SEND_B`` gradient transfer
+                   ``SEND_F`` activation transfer, ``SEND_B`` gradient transfer,
+                   ``SEND_S``/``SEND_SB`` skip tensor / its gradient
 start, end   float seconds from the iteration's origin
 nbytes       int   bytes moved (transfers), else 0
 resource     str   ``dev0`` for compute, ``dev0->dev1`` for a link
@@ -36,7 +37,7 @@ ACTION_COLUMNS = ["iteration", "device", "stage", "microbatch", "kind", "start",
                   "nbytes", "resource"]
 MEMORY_COLUMNS = ["iteration", "device", "time", "bytes"]
 COMPUTE_KINDS = ("F", "B")
-TRANSFER_KINDS = ("SEND_F", "SEND_B")
+TRANSFER_KINDS = ("SEND_F", "SEND_B", "SEND_S", "SEND_SB")
 
 
 def frame_from_rows(rows: list[tuple], columns: list[str]) -> pd.DataFrame:
