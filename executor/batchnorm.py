@@ -5,7 +5,9 @@ micro-batch, with each micro-batch's statistics: not what one full-batch step do
 :class:`DeferredBatchNorm` normalises each micro-batch with its own statistics (as the
 forward must) but only *accumulates* sums for the running statistics, skips that during
 recomputation, and commits once per step -- after which running mean, running variance
-(unbiased) and ``num_batches_tracked`` equal those of full-batch BatchNorm.
+(unbiased) and ``num_batches_tracked`` equal those of full-batch BatchNorm fed the same
+inputs.  (A BatchNorm downstream of another sees activations normalised per micro-batch,
+as in any micro-batched forward, so its inputs -- and statistics -- differ slightly.)
 
     model = DeferredBatchNorm.convert(model)     # replaces every BatchNorm{1,2,3}d
     # the pipeline runtime calls commit_deferred_batch_norm(model) after each step
@@ -87,12 +89,13 @@ class DeferredBatchNorm(nn.modules.batchnorm._BatchNorm):
         """Replace every BatchNorm of ``module`` (recursively) by a deferred one, same state."""
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
             new = cls(module.num_features, module.eps, module.momentum, module.affine)
+            new = new.to(device=module.running_mean.device, dtype=module.running_mean.dtype)
             if module.affine:
                 new.weight, new.bias = module.weight, module.bias
             new.running_mean.copy_(module.running_mean)
             new.running_var.copy_(module.running_var)
             new.num_batches_tracked.copy_(module.num_batches_tracked)
-            return new.to(module.running_mean.device)
+            return new
         for name, child in module.named_children():
             module._modules[name] = cls.convert(child)
         return module

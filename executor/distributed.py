@@ -64,7 +64,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
              targets: torch.Tensor, plan: Plan, *, schedule: Schedule | None = None,
              device: torch.device | str = "cpu", iterations: int = 5, warmup: int = 2,
              timeout_s: float = 120.0, fail_at: str | None = None,
-             return_grads: bool = False) -> RankResult:
+             return_grads: bool = False, track_memory: bool = True) -> RankResult:
     """Run this rank's part of ``schedule`` (process group already initialised).
 
     Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
@@ -94,7 +94,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         if device.type == "cuda":
             recorder.origin_event = torch.cuda.Event(enable_timing=True)
             recorder.origin_event.record()
-        ledger = MemoryLedger()
+        ledger = MemoryLedger() if track_memory else None
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
                              fail_at=fail_at, ledger=ledger, skips=skips)
         if device.type == "cuda":
@@ -112,8 +112,10 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             offset += float(span)
             losses.append(sum(runner.losses.values()))
             walls.append(wall)
-            peak = max(peak, int(torch.cuda.max_memory_allocated(device)) if device.type == "cuda"
-                       else max(ledger.peak.values(), default=0))
+            if device.type == "cuda":
+                peak = max(peak, int(torch.cuda.max_memory_allocated(device)))
+            elif ledger is not None:
+                peak = max(peak, max(ledger.peak.values(), default=0))
     grads = None
     if return_grads:
         # named as in the unsplit module; numpy pickles by value, while a tensor would
@@ -150,7 +152,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               warmup=options.get("warmup", 2),
                               timeout_s=options.get("timeout_s", 120),
                               fail_at=options.get("fail_at", {}).get(rank),
-                              return_grads=options.get("return_grads", False))
+                              return_grads=options.get("return_grads", False),
+                              track_memory=options.get("track_memory", True))
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
     except BaseException as exc:
@@ -172,8 +175,8 @@ def spawn(job: Job, plan: Plan, *, schedule: Schedule | None = None,
 def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None] | None = None,
                 iterations: int = 5, warmup: int = 2, threads_per_rank: int = 1,
                 pin_cores: bool = False, timeout_s: float = 120.0,
-                fail_at: dict[int, str] | None = None,
-                return_grads: bool = False) -> list[tuple[RunResult, dict[int, RankResult]]]:
+                fail_at: dict[int, str] | None = None, return_grads: bool = False,
+                track_memory: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
     Starting processes and the process group costs seconds, so grids share them.  Each
@@ -188,7 +191,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
         raise ValueError(f"plans need different numbers of ranks {sorted(worlds)}; spawn them apart")
     world = worlds.pop()
     options = {"iterations": iterations, "warmup": warmup, "threads_per_rank": threads_per_rank,
-               "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads}
+               "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
+               "track_memory": track_memory}
     if pin_cores:
         cpus = sorted(os.sched_getaffinity(0))
         per = max(1, len(cpus) // world)
@@ -241,8 +245,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 "warmup": warmup, "threads_per_rank": threads_per_rank, "pinned": pin_cores,
                 "torch": torch.__version__,
                 "median_loss": statistics.median(losses) if losses else None,
-                "peak_memory": {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks},
-                "memory_source": "executor ledger (CPU)"}
+                **({"peak_memory": {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks},
+                    "memory_source": "executor ledger (CPU)"} if track_memory else {})}
         out.append((RunResult(Trace(frame_from_rows(rows, ACTION_COLUMNS), meta=meta), losses),
                     ranks))
     return out

@@ -74,8 +74,10 @@ class Pipeline:
     def __init__(self, module: nn.Sequential, plan: Plan,
                  devices: Sequence[str | torch.device] | None = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
-                 schedule: Schedule | None = None, timeout_s: float = 300.0):
+                 schedule: Schedule | None = None, timeout_s: float = 300.0,
+                 track_memory: bool = True):
         self.plan = plan
+        self.track_memory = track_memory
         self.schedule = schedule or build_schedule(plan)
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"pipelines need an nn.Sequential, got {type(module).__name__}")
@@ -107,7 +109,7 @@ class Pipeline:
         ``fail_at=(worker, "1F0")`` injects a failure (for tests).
         """
         check_inputs(self.module, self.plan, self.schedule, inputs.shape[0])
-        ledger = MemoryLedger()
+        ledger = MemoryLedger() if self.track_memory else None
         first, last = self.devices[self.schedule.placement[0]], self.devices[
             self.schedule.placement[-1]]
         xs = scatter(inputs.to(first), self.plan)
@@ -160,7 +162,8 @@ class Pipeline:
         commit_deferred_batch_norm(self.module)
         rows = [row for rec in recorders for row in rec.rows(iteration)]
         loss = sum(runners[self.schedule.placement[-1]].losses.values())
-        return rows, loss, {**dict(ledger.peak), **cuda_peaks(self.devices)}
+        cpu_peaks = dict(ledger.peak) if ledger is not None else {}
+        return rows, loss, {**cpu_peaks, **cuda_peaks(self.devices)}
 
     def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
             warmup: int = 2) -> RunResult:

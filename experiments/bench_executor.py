@@ -120,7 +120,9 @@ def main() -> None:
                    progress=False)
     plans = [Plan(balance, args.chunks, args.batch, checkpoint="never", schedule=s)
              for s in ("gpipe", "1f1b")]
-    results = spawn_plans(job, plans, iterations=args.iterations, warmup=args.warmup)
+    # no memory ledger: torch.distributed.pipelining keeps none either
+    results = spawn_plans(job, plans, iterations=args.iterations, warmup=args.warmup,
+                          track_memory=False)
     for plan, (result, ranks) in zip(plans, results, strict=True):
         walls = [max(w) for w in zip(*(r.step_wall_s for r in ranks.values()), strict=True)]
         step = statistics.median(walls)

@@ -38,13 +38,14 @@ from experiments.validation import grid, predict_and_measure, replay_error, summ
 from pipesim.plot import scatter_predicted_measured
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
-          "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32)}
+          "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
+          "unet": dict(depth=2, width=16, image_size=32)}
 BATCH = 32
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default="mlp,gpt")
+    ap.add_argument("--models", default="mlp,gpt,unet")
     ap.add_argument("--iterations", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
@@ -67,7 +68,8 @@ def main() -> None:
     for name in args.models.split(","):
         sizes_of_model = dict(MODELS[name])
         if args.stages > 4:  # enough layers for 8 stages
-            sizes_of_model.update({"mlp": {"depth": 15}, "gpt": {"n_layers": 10}}[name])
+            sizes_of_model.update({"mlp": {"depth": 15}, "gpt": {"n_layers": 10},
+                                   "unet": {"depth": 3}}[name])
         job = functools.partial(builtin_job, name, BATCH, **sizes_of_model)
         module, loss_fn, x, y = job()
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})

@@ -64,6 +64,8 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(args: argparse.Namespace, profile: Profile | None) -> Plan:
+    if args.chunks < 1 or args.batch_size < 1:  # let the Plan name the bad value
+        Plan([1], args.chunks, args.batch_size)
     if args.balance:
         balance = parse_ints(args.balance, "--balance")
     elif profile is not None:

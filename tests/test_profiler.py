@@ -11,7 +11,9 @@ from executor.profiler import profile, profile_layer, time_whole_model
 
 SMALL = {"mlp": dict(width=32, depth=3, in_features=16),
          "resnet": dict(width=4, blocks=(1, 1), image_size=8),
-         "gpt": dict(vocab=64, d_model=16, n_layers=2, n_heads=2, seq_len=8)}
+         "gpt": dict(vocab=64, d_model=16, n_layers=2, n_heads=2, seq_len=8),
+         "unet": dict(depth=1, width=4, image_size=8),
+         "resnet_skip": dict(width=4, blocks=1, image_size=8)}
 
 
 def test_linear_saves_exactly_its_input():

@@ -1,0 +1,158 @@
+"""Skip connections across stages, deferred batch norm, U-Net: torchgpipe parity."""
+
+from __future__ import annotations
+
+import copy
+import functools
+
+import pytest
+import torch
+from torch import nn
+
+from executor.batchnorm import DeferredBatchNorm
+from executor.distributed import spawn_plans
+from executor.models import builtin_job
+from executor.pipeline import Pipeline
+from executor.profiler import profile
+from executor.skip import Pop, SkipError, Stash, check_skips
+from pipesim import Cluster, Plan, Profile, ProfileError, simulate
+
+UNET = dict(depth=2, width=4, image_size=8)  # 13 layers; skips 1 -> 10 and 3 -> 7
+BATCH = 8  # 4 chunks of 2: interleaving needs a multiple of its 2 devices
+PLANS = [("gpipe", [3, 4, 6], 1), ("1f1b", [3, 4, 6], 1), ("interleaved", [3, 3, 3, 4], 2)]
+MODES = ["always", "except_last", "never"]
+
+
+def unet_eval(**kw):
+    """U-Net with batch norm in eval mode: samples independent, so micro-batching is exact."""
+    module, loss_fn, x, y = builtin_job("unet", BATCH, dtype="float64", **UNET, **kw)
+    return module.eval(), loss_fn, x, y
+
+
+def reference():
+    module, loss_fn, x, y = unet_eval()
+    loss = loss_fn(module(x), y)
+    loss.backward()
+    return loss.item(), {n: p.grad.clone() for n, p in module.named_parameters()}
+
+
+def test_check_lists_every_problem_at_once():
+    model = nn.Sequential(Pop("a"), Stash("b"), Stash("c"), nn.Identity(), Stash("c"), Pop("c"))
+    with pytest.raises(SkipError) as info:
+        check_skips(model)
+    text = str(info.value)
+    assert "layer 0 pops 'a' that no earlier layer stashes" in text
+    assert "layer 4 stashes 'c', a name already used" in text
+    assert "layer 1 stashes 'b' that no later layer pops" in text
+
+
+def test_routes_of_the_unet():
+    module, *_ = unet_eval()
+    assert {(r.name, r.src, r.dst) for r in check_skips(module)} == {("level0", 1, 10),
+                                                                     ("level1", 3, 7)}
+
+
+def test_a_model_with_bad_skips_is_refused_before_running():
+    model = nn.Sequential(nn.Linear(2, 2), Stash("x"), nn.Linear(2, 2))
+    with pytest.raises(SkipError, match="layer 1 stashes 'x' that no later layer pops"):
+        Pipeline(model, Plan([1, 2], 1, 2))
+
+
+@pytest.mark.parametrize("schedule,balance,v", PLANS)
+@pytest.mark.parametrize("mode", MODES)
+def test_unet_gradients_equal_unpipelined_threads(schedule, balance, v, mode):
+    ref_loss, ref_grads = reference()
+    module, loss_fn, x, y = unet_eval()
+    plan = Plan(balance, 4, BATCH, checkpoint=mode, schedule=schedule, virtual_stages=v)
+    result = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
+    assert result.loss == pytest.approx(ref_loss, rel=1e-12)
+    for name, p in module.named_parameters():
+        assert torch.allclose(p.grad, ref_grads[name], rtol=1e-10, atol=1e-12), name
+
+
+@pytest.mark.slow
+def test_unet_gradients_equal_unpipelined_processes():
+    ref_loss, ref_grads = reference()
+    job = functools.partial(_eval_job)
+    plans = [Plan([3, 4, 6], 4, BATCH, checkpoint=mode, schedule=s) for s in ("gpipe", "1f1b")
+             for mode in ("always", "never")]
+    for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=1, warmup=0,
+                                                        return_grads=True), strict=True):
+        assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
+        grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
+        for name, g in grads.items():
+            assert torch.allclose(g, ref_grads[name], rtol=1e-10, atol=1e-12), (plan.label(), name)
+
+
+def _eval_job():
+    return unet_eval()
+
+
+def test_the_intermediate_stage_never_receives_the_skip():
+    module, loss_fn, x, y = unet_eval()
+    pipe = Pipeline(module, Plan([3, 4, 6], 3, BATCH, checkpoint="always"), loss_fn=loss_fn)
+    pipe.step(x, y)
+    received = pipe.last_transport.received
+    # level0 is stashed by layer 1 (stage 0) and popped by layer 10 (stage 2)
+    assert not [k for k in received if k[0] == 1 and k[1].endswith("level0")]
+    assert [k for k in received if k[0] == 2 and k[1] == "S:level0"]
+    assert [k for k in received if k[0] == 0 and k[1] == "SB:level0"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_deferred_batch_norm_running_stats_equal_full_batch(mode):
+    torch.manual_seed(0)
+    # one BatchNorm: its input does not depend on micro-batch statistics.  (A second one
+    # downstream sees activations normalised per micro-batch, as in any micro-batched
+    # forward, and cannot match the full batch.)
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+                          nn.Conv2d(4, 4, 3, padding=1), nn.Flatten(),
+                          nn.Linear(4 * 8 * 8, 3)).double()
+    full = copy.deepcopy(model)
+    x = torch.randn(10, 3, 8, 8, dtype=torch.float64)
+    y = torch.randint(0, 3, (10,))
+    full(x)  # one full-batch step in train mode updates the running statistics once
+    piped = DeferredBatchNorm.convert(model)
+    Pipeline(piped, Plan([3, 3], 4, 10, checkpoint=mode)).step(x, y)
+    a, b = full[1], piped[1]
+    assert isinstance(b, DeferredBatchNorm)
+    assert torch.allclose(a.running_mean, b.running_mean, rtol=0, atol=1e-14)
+    assert torch.allclose(a.running_var, b.running_var, rtol=1e-12, atol=1e-14)
+    assert int(a.num_batches_tracked) == int(b.num_batches_tracked) == 1
+
+
+def test_plain_batch_norm_differs_when_micro_batched():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)).double()
+    full = copy.deepcopy(model)
+    x = torch.randn(8, 4, dtype=torch.float64) * 3 + 1
+    full(x)
+    Pipeline(model, Plan([2, 1], 4, 8)).step(x, torch.zeros(8, dtype=torch.long))
+    assert not torch.allclose(full[1].running_mean, model[1].running_mean)
+
+
+def test_profile_records_skip_bytes_and_the_simulator_sends_them_directly(tmp_path):
+    module, loss_fn, x, y = builtin_job("unet", 8, **UNET)
+    prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0, progress=False)
+    skips = {s["name"]: s for s in prof.meta["skips"]}
+    assert skips["level0"]["bytes"]["2"] == 2 * 4 * 8 * 8 * 4  # [2, width, 8, 8] float32
+    back = Profile.load(prof.save(tmp_path / "unet.csv"))
+    assert back.skip_routes() == prof.skip_routes()
+    trace = simulate(back, Plan([3, 4, 6], 2, 8, checkpoint="never"), Cluster.cpu_processes(3))
+    a = trace.actions
+    sends = a[a.kind == "SEND_S"]
+    assert set(sends.resource) == {"dev0->dev2", "dev1->dev2"}  # level0 skips stage 1
+    arrive = sends[sends.resource == "dev0->dev2"].set_index("microbatch")["end"]
+    f2 = a[(a.kind == "F") & (a.stage == 2)].set_index("microbatch")["start"]
+    assert (f2 >= arrive - 1e-12).all()
+    grads = a[a.kind == "SEND_SB"]
+    assert set(grads.resource) == {"dev2->dev0", "dev2->dev1"}
+
+
+def test_malformed_skip_metadata_is_named(tmp_path):
+    module, loss_fn, x, y = builtin_job("unet", 4, **UNET)
+    prof = profile(module, (x, y), [2], loss_fn=loss_fn, repeats=1, warmup=0, progress=False)
+    prof.meta["skips"][0]["pop_layer"] = 99
+    path = prof.save(tmp_path / "bad.csv")
+    with pytest.raises(ProfileError, match=r"bad\.csv: skip 'level1' goes from layer 3 to 99"):
+        Profile.load(path)
