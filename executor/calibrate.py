@@ -105,7 +105,7 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[float]:
     return out
 
 
-def measure_overhead(iterations: int = 6, latency_s: float = 0.0) -> dict[str, float]:
+def measure_overhead(iterations: int = 12, latency_s: float = 0.0) -> dict[str, float]:
     """Per-action executor overhead (seconds), from a calibration pipeline on 2 ranks.
 
     The calibration model is a small MLP with actions of about a millisecond, unrelated to
@@ -127,16 +127,19 @@ def measure_overhead(iterations: int = 6, latency_s: float = 0.0) -> dict[str, f
     plan = Plan([3, 3], 8, 32, checkpoint="never", schedule="1f1b")
     prof = profile(module, (x, y), [4], loss_fn=loss_fn, repeats=20, warmup=5, progress=False)
     result, _ = spawn(job, plan, iterations=iterations, warmup=2)
-    a = result.trace.actions
+    return _overheads(result.trace.actions, prof, plan, latency_s)
+
+
+def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
+    """In-action overhead (median excess over the profile) and gaps between actions."""
+    size = plan.micro_batch_sizes[0]
     excess = []
-    for r in a[a.kind.isin(["F", "B"])].itertuples():
-        layers = plan.stage_layers(r.stage)
-        col = "fwd_s" if r.kind == "F" else "bwd_s"
-        base = float(prof.column_at(col, 4)[layers.start:layers.stop].sum())
-        excess.append((r.end - r.start) - base)
-    in_action = max(statistics.median(excess), 0.0)
-    gaps = unexplained_gaps(a, latency_s)
-    return {"in_action_s": in_action,
+    for r in actions[actions.kind.isin(["F", "B"])].itertuples():
+        cost = prof.span_cost(plan.stage_layers(r.stage).start, plan.stage_layers(r.stage).stop,
+                              size)
+        excess.append((r.end - r.start) - (cost.fwd_s if r.kind == "F" else cost.bwd_s))
+    gaps = unexplained_gaps(actions, latency_s)
+    return {"in_action_s": max(statistics.median(excess), 0.0),
             "between_actions_s": float(np.mean(gaps)) if gaps else 0.0,
             "between_actions_median_s": float(np.median(gaps)) if gaps else 0.0}
 
@@ -161,24 +164,13 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     from executor.models import builtin_job
     from executor.pipeline import Pipeline
     from executor.profiler import profile
+    from pipesim.balance import even_balance
     from pipesim.plan import Plan
 
     module, loss_fn, x, y = builtin_job("mlp", 32, width=64, depth=2 * n_workers + 1,
                                         in_features=64)
-    n = len(module)
-    balance = [n // n_workers + (1 if i < n % n_workers else 0) for i in range(n_workers)]
-    plan = Plan(balance, 8, 32, checkpoint="never", schedule="1f1b")
+    plan = Plan(even_balance(len(module), n_workers), 8, 32, checkpoint="never", schedule="1f1b")
     prof = profile(module, (x, y), [4], device, loss_fn=loss_fn, repeats=20, warmup=5,
                    progress=False)
     pipe = Pipeline(module, plan, devices=[device] * n_workers, loss_fn=loss_fn)
-    a = pipe.run(x, y, iterations=iterations, warmup=3).trace.actions
-    excess = []
-    for r in a[a.kind.isin(["F", "B"])].itertuples():
-        layers = plan.stage_layers(r.stage)
-        col = "fwd_s" if r.kind == "F" else "bwd_s"
-        base = float(prof.column_at(col, 4)[layers.start:layers.stop].sum())
-        excess.append((r.end - r.start) - base)
-    gaps = unexplained_gaps(a)
-    return {"in_action_s": max(statistics.median(excess), 0.0),
-            "between_actions_s": float(np.mean(gaps)) if gaps else 0.0,
-            "between_actions_median_s": float(np.median(gaps)) if gaps else 0.0}
+    return _overheads(pipe.run(x, y, iterations=iterations, warmup=3).trace.actions, prof, plan)

@@ -60,13 +60,12 @@ class _Step(NamedTuple):
 
     stage: int
     kind: str
-    wait: int  # event the action waits for is ``wait + 2 * mb``; -1: none
+    waits: tuple[int, ...]  # events it needs: ``base + 2 * mb`` for each base
     seconds: float  # total duration before jitter (overhead and recomputation included)
     recompute_s: float
     alloc_start: float  # bytes allocated when it starts
     alloc_end: float  # bytes allocated (negative: freed) when it ends
     send: _Send | None
-    extra_waits: tuple[int, ...] = ()  # skip tensors or skip gradients it needs
     extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
 
 
@@ -146,15 +145,7 @@ class _Run:
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
         for mb, step in sim.programs[w]:
-            if step.wait >= 0:
-                index = step.wait + 2 * mb
-                slot = slots[index]
-                if slot is None:
-                    slot = slots[index] = env.event()
-                    yield slot
-                elif slot.__class__ is float and slot > env.now:
-                    yield timeout(slot - env.now)
-            for base in step.extra_waits:
+            for base in step.waits:
                 index = base + 2 * mb
                 slot = slots[index]
                 if slot is None:
@@ -303,7 +294,7 @@ class Simulator:
         if kind == FORWARD:
             seconds = c.fwd_s + overhead if measured is None else measured
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
-            return _Step(s, kind, s * m * 2 if s > 0 else -1, seconds, 0.0, 0.0, c.keep_bytes, send)
+            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, 0.0, c.keep_bytes, send)
         in_grad = c.input_bytes if s > 0 else 0.0
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         alloc_start = c.recompute_bytes + in_grad + loss_grad
@@ -323,8 +314,8 @@ class Simulator:
             seconds = measured
             recompute = min(c.recompute_s, seconds)
         send = self._send(w, s, s - 1, "SEND_B", c.input_bytes) if s > 0 else None
-        wait = s * m * 2 + 1 if s < n - 1 else -1
-        return _Step(s, kind, wait, seconds, recompute, alloc_start, -freed, send)
+        waits = (s * m * 2 + 1,) if s < n - 1 else ()
+        return _Step(s, kind, waits, seconds, recompute, alloc_start, -freed, send)
 
     def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
         """Add the skip connections that start or end at this step's stage.
@@ -338,7 +329,7 @@ class Simulator:
             return step
         n, m = self.plan.n_stages, self.plan.n_microbatches
         size = self.plan.micro_batch_sizes[mb]
-        waits, sends, alloc_end = list(step.extra_waits), list(step.extra_sends), step.alloc_end
+        waits, sends, alloc_end = list(step.waits), list(step.extra_sends), step.alloc_end
         for r, (name, a, b) in enumerate(self.skips):
             nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
             event = 2 * n * m + 2 * m * r
@@ -354,7 +345,7 @@ class Simulator:
             elif step.stage == a:
                 waits.append(event + 1)
                 alloc_end -= nbytes
-        return step._replace(extra_waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end)
+        return step._replace(waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end)
 
     def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float,
               event: int | None = None) -> _Send:
