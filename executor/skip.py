@@ -164,3 +164,30 @@ def check_skips(module: nn.Sequential) -> list[SkipRoute]:
     if problems:
         raise SkipError("skip connections do not match: " + "; ".join(problems))
     return routes
+
+
+class _Arrival(torch.autograd.Function):
+    """Puts a received skip tensor into the graph without keeping it alive.
+
+    A leaf requiring grad would be held by autograd until the backward, merge or not.
+    Here nothing is saved: the gradient that reaches the tensor is captured into ``box``
+    and the tensor lives only as long as its consumers need it.  ``phony`` (an empty
+    tensor requiring grad) makes autograd record the node at all.
+    """
+
+    @staticmethod
+    def forward(ctx, phony: torch.Tensor, tensor: torch.Tensor, box: list) -> torch.Tensor:
+        del phony
+        ctx.box = box
+        return tensor.view_as(tensor)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        ctx.box.append(grad)
+        return None, None, None
+
+
+def arrive(tensor: torch.Tensor, box: list) -> torch.Tensor:
+    """``tensor`` as a graph input whose gradient will be appended to ``box``."""
+    phony = torch.empty(0, device=tensor.device, requires_grad=True)
+    return _Arrival.apply(phony, tensor, box)

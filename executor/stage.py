@@ -33,7 +33,7 @@ from executor.memory import module_bytes, parameter_keys, record_saved_tensors, 
 from executor.microbatch import loss_weight
 from executor.partition import has_dropout
 from executor.recorder import Recorder
-from executor.skip import SkipTracker, use_tracker
+from executor.skip import SkipTracker, arrive, use_tracker
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, Action
 
@@ -132,20 +132,22 @@ class StageRunner:
                 self.transport.send(tracker.stashed[name].detach(), dst, f"S:{name}", m)
             state["out"] = [tracker.stashed.pop(name) for name, _ in self.skips_out[s]]
             if not self.plan.checkpointed(m):
-                tracker.tensors.clear()  # nothing to recompute: let autograd own them
+                # nothing to recompute: received skips die once their consumers are done
+                tracker.tensors.clear()
 
     def _wrap(self, s: int, m: int, module: nn.Module) -> Callable:
         """``module`` run under this micro-batch's skip tracker, its second and later calls
         marked as recomputations (deferred batch norm skips them) -- in whatever thread
         calls it: a recomputation may run on autograd's thread."""
         tracker = SkipTracker(retain=True)
-        leaves = {}
+        boxes = {}  # name -> (gradient box, shape, dtype, device): no tensor kept here
         for name, src in self.skips_in[s]:
             t = self.transport.recv(s, f"S:{name}", m, src_stage=src).detach()
             if t.is_floating_point():
-                t.requires_grad_(True)
-            tracker.tensors[name] = leaves[name] = t
-        self._skip_state[(s, m)] = {"tracker": tracker, "leaves": leaves, "out": []}
+                boxes[name] = ([], t.shape, t.dtype, t.device)
+                t = arrive(t, boxes[name][0])
+            tracker.tensors[name] = t
+        self._skip_state[(s, m)] = {"tracker": tracker, "boxes": boxes, "out": []}
         calls = [0]
 
         def run(x: torch.Tensor) -> torch.Tensor:
@@ -174,8 +176,8 @@ class StageRunner:
         rec.stop(s, m, "B")
         if state is not None and self.skips_in[s]:
             for name, src in self.skips_in[s]:
-                leaf = state["leaves"][name]
-                g = leaf.grad if leaf.grad is not None else torch.zeros_like(leaf)
+                box, shape, dtype, device = state["boxes"][name]
+                g = sum(box) if box else torch.zeros(shape, dtype=dtype, device=device)
                 self.transport.send(g, src, f"SB:{name}", m)
             state.clear()
         if self.ledger is not None:

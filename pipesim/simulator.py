@@ -322,8 +322,10 @@ class Simulator:
 
         The stashing stage sends the skip tensor straight to the popping stage after its
         forward and keeps it until its backward, which waits for the skip's gradient; the
-        popping stage waits for it before its forward, holds it until the end of its
-        backward, and sends the gradient straight back.
+        popping stage waits for it before its forward and frees it at the end of that
+        forward (a merge by addition or concatenation saves nothing), or at the end of its
+        backward when the micro-batch is checkpointed and recomputes; the gradient goes
+        straight back.
         """
         if not self.skips:
             return step
@@ -334,14 +336,16 @@ class Simulator:
             nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
             event = 2 * n * m + 2 * m * r
             cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
+            ckpt = self.plan.checkpointed(mb)
             if step.stage == a and step.kind == FORWARD:
                 sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
                 alloc_end += nbytes
             elif step.stage == b and step.kind == FORWARD:
                 waits.append(event)
+                alloc_end -= nbytes if cross and not ckpt else 0.0
             elif step.stage == b:
                 sends.append(self._send(w, b, a, "SEND_SB", nbytes, event + 1))
-                alloc_end -= nbytes if cross else 0.0
+                alloc_end -= nbytes if cross and ckpt else 0.0
             elif step.stage == a:
                 waits.append(event + 1)
                 alloc_end -= nbytes

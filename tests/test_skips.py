@@ -14,7 +14,7 @@ from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
-from executor.skip import Pop, SkipError, Stash, check_skips
+from executor.skip import Pop, SkipError, Stash, check_skips, pop
 from pipesim import Cluster, Plan, Profile, ProfileError, simulate
 
 UNET = dict(depth=2, width=4, image_size=8)  # 13 layers; skips 1 -> 10 and 3 -> 7
@@ -156,3 +156,44 @@ def test_malformed_skip_metadata_is_named(tmp_path):
     path = prof.save(tmp_path / "bad.csv")
     with pytest.raises(ProfileError, match=r"bad\.csv: skip 'level1' goes from layer 3 to 99"):
         Profile.load(path)
+
+
+class _RememberPopped(nn.Module):
+    """After a Pop: remembers the popped skip weakly, and checks that every earlier
+    micro-batch's skip is gone by the time the next micro-batch arrives."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def forward(self, x):
+        import gc
+        import weakref
+
+        gc.collect()
+        assert all(ref() is None for ref in self.seen), "an earlier skip tensor is still alive"
+        self.seen.append(weakref.ref(self.popped))
+        return x
+
+
+class _Pop(Pop):
+    """Pop by addition that hands the popped tensor to a _RememberPopped."""
+
+    def __init__(self, name, remember):
+        super().__init__(name, "add")
+        self._remember = [remember]  # a list: not registered as a submodule
+
+    def forward(self, x):
+        self._remember[0].popped = skip = pop(self.name)
+        return x + skip
+
+
+def test_a_received_skip_is_freed_as_soon_as_it_is_used():
+    remember = _RememberPopped()
+    model = nn.Sequential(nn.Linear(4, 4), Stash("s"), nn.Linear(4, 4), nn.Linear(4, 4),
+                          _Pop("s", remember), remember, nn.Linear(4, 2)).double()
+    x = torch.randn(8, 4, dtype=torch.float64)
+    # GPipe: stage 2 runs F0, F1, F2, F3 before any backward; the skip of micro-batch m
+    # must be gone when micro-batch m+1 arrives, although its backward has not run yet
+    Pipeline(model, Plan([2, 2, 3], 4, 8, checkpoint="never")).step(x, torch.zeros(8).long())
+    assert len(remember.seen) == 4
