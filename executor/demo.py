@@ -2,20 +2,25 @@
 
 Profiles the default built-in model on CPU, picks a balance by exact min-max partition,
 simulates GPipe and 1F1B under every checkpoint mode, lets the tuner choose a plan
-under a memory budget, executes the chosen plan for real (one worker thread per stage)
-and compares prediction with measurement.  Everything lands under ``--out``.
+under a memory budget, calibrates this machine's links and executor overheads, executes
+the chosen plan for real (one process per stage, one thread each, as profiled) and
+compares prediction with measurement.  Everything lands under ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 from pathlib import Path
 
 import pandas as pd
+import torch
 
+from executor.calibrate import calibrate_cpu
 from executor.cli import profile_model
-from executor.models import DEFAULT_MODEL
-from executor.pipeline import Pipeline
+from executor.distributed import spawn
+from executor.models import DEFAULT_MODEL, builtin_job
 from pipesim.balance import min_max_partition
 from pipesim.cli import write_outputs
 from pipesim.cluster import Cluster
@@ -32,8 +37,9 @@ BATCH, CHUNKS, STAGES = 16, 4, 2
 def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     repeats = 2 if args.quick else 5
+    torch.set_num_threads(1)  # as each stage's process will run
     print(f"1/5 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
-    built, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8, 16], "cpu", "float32", repeats, 1)
+    _, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8, 16], "cpu", "float32", repeats, 1)
     profile_path = prof.save(out / "profile.csv")
     size = BATCH // CHUNKS
     balance = min_max_partition(prof.layer_times(size), STAGES)
@@ -60,17 +66,19 @@ def main(args: argparse.Namespace) -> int:
     best = tuned.best
     tuned.table.drop(columns=["plan"]).to_csv(out / "tuned_plans.csv", index=False)
     print(f"    best of {len(tuned.table)} simulated plans: {best.label()}")
-    print("4/5 executing the chosen plan (one thread per stage) and comparing ...")
-    measured = Pipeline(built.module, best, ["cpu"] * best.n_devices, built.loss_fn).run(
-        *built.make_batch(BATCH), iterations=3 if args.quick else 5, warmup=1)
-    predicted = simulate(prof, best, cluster)
+    print("4/5 calibrating, executing the chosen plan (one process per stage), comparing ...")
+    if not args.quick:
+        cluster = calibrate_cpu(best.n_devices)
+        cluster.save(out / "calibration.json")
+    job = functools.partial(builtin_job, DEFAULT_MODEL, BATCH)
+    measured, _ = spawn(job, best, iterations=3 if args.quick else 5, warmup=1)
+    # the executor runs forward and backward only: compare memory without optimizer state
+    predicted = simulate(prof, dataclasses.replace(best, optimizer="sgd"), cluster)
     write_outputs(measured.trace, out, "measured", f"measured: {best.label()}")
     write_outputs(predicted, out, "simulated", f"predicted: {best.label()}")
     cmp = compare(predicted, measured.trace)
     gantt_pair(predicted, measured.trace, best.label()).savefig(out / "compare.png", dpi=110)
     print(f"    {cmp.summary()}")
-    print("    (threads of one process share this machine's cores: see experiments/validate.py "
-          "for the multi-process validation)")
     print("5/5 outputs")
     print(f"    profile:            {profile_path} (+ .json metadata)")
     print(f"    plans compared:     {out / 'simulated_plans.csv'}")

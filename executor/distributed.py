@@ -22,7 +22,7 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 import torch
@@ -57,6 +57,7 @@ class RankResult:
     losses: list[float]
     grads: dict[str, object] | None  # parameter name (as in the unsplit module) -> numpy
     step_wall_s: list[float]  # per measured iteration: barrier passed -> all sends done
+    messages: list[tuple] = field(default_factory=list)  # transport log, iteration-relative
     peak_memory_bytes: int = 0  # CUDA allocator peak, or the CPU ledger's (executor.ledger)
 
 
@@ -83,6 +84,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
     rows: list[tuple] = []
     losses: list[float] = []
     walls: list[float] = []
+    messages: list[tuple] = []
     peak = 0
     offset = 0.0
     for i in range(warmup + iterations):
@@ -104,11 +106,19 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         wall = time.perf_counter() - t0
         commit_deferred_batch_norm(module)
         it_rows = recorder.rows(i - warmup)
+        it_log = [(*entry[:1], i - warmup, *entry[1:]) for entry in transport.log]
+        transport.log.clear()
         # one span per iteration, agreed by all ranks, lays iterations end to end
         span = torch.tensor([max((r[6] for r in it_rows), default=0.0)], dtype=torch.float64)
         dist.all_reduce(span, op=dist.ReduceOp.MAX)
         if i >= warmup:
             rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
+            # times from this iteration's origin, laid end to end like the rows
+            for entry in it_log:
+                t_index = 4 if entry[0] == "post" else 3  # ("post", it, key, src_stage, t, ...)
+                entry = list(entry)
+                entry[t_index] = entry[t_index] - t0 + offset
+                messages.append(tuple(entry))
             offset += float(span)
             losses.append(sum(runner.losses.values()))
             walls.append(wall)
@@ -123,7 +133,28 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         my_layers = {str(i) for s in mine for i in plan.stage_layers(s)}
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
-    return RankResult(rank, rows, losses, grads, walls, peak)
+    return RankResult(rank, rows, losses, grads, walls, peak_memory_bytes=peak, messages=messages)
+
+
+_SEND_KIND = {"F": "SEND_F", "B": "SEND_B", "S": "SEND_S", "SB": "SEND_SB"}
+
+
+def transfer_rows(messages: list[tuple]) -> list[tuple]:
+    """Measured transfer rows: from the sender posting a message to the receiver holding it.
+
+    The receiver takes a message only when it needs it, so a transfer that arrived
+    early shows as long as the wait for its consumer.
+    """
+    posts = {(e[1], e[2]): e for e in messages if e[0] == "post"}
+    rows = []
+    for e in messages:
+        if e[0] != "done" or (e[1], e[2]) not in posts:
+            continue
+        _, it, (stage, kind, mb), src_stage, start, nbytes, src, dst = posts[(e[1], e[2])]
+        rows.append((it, src, src_stage if src_stage is not None else stage, mb,
+                     _SEND_KIND[kind.split(":")[0]], start, max(e[3], start), nbytes,
+                     f"dev{src}->dev{dst}"))
+    return rows
 
 
 def _free_port() -> int:
@@ -238,6 +269,7 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     for index, (plan, schedule) in enumerate(runs):
         ranks = {r: done[(r, index)] for r in range(world)}
         rows = [row for r in sorted(ranks) for row in ranks[r].rows]
+        rows += transfer_rows([m for r in ranks.values() for m in r.messages])
         losses = ranks[schedule.placement[-1]].losses
         meta = {"source": "measured", "transport": "torch.distributed/gloo",
                 "batch_size": plan.batch_size, "plan": plan.to_dict(), "schedule": schedule.name,

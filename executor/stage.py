@@ -122,14 +122,15 @@ class StageRunner:
         if s == self.last:
             self.losses[m] = float(y.detach())
         else:
-            self.transport.send(y.detach(), s + 1, "F", m)
+            self.transport.send(y.detach(), s + 1, "F", m, src_stage=s)
         state = self._skip_state.get((s, m))
         if state is not None and (self.skips_in[s] or self.skips_out[s]):
             tracker = state["tracker"]
             tracker.closed = True
             for name, dst in self.skips_out[s]:
                 # straight to the popping stage, not through the stages between
-                self.transport.send(tracker.stashed[name].detach(), dst, f"S:{name}", m)
+                self.transport.send(tracker.stashed[name].detach(), dst, f"S:{name}", m,
+                                    src_stage=s)
             state["out"] = [tracker.stashed.pop(name) for name, _ in self.skips_out[s]]
             if not self.plan.checkpointed(m):
                 # nothing to recompute: received skips die once their consumers are done
@@ -178,7 +179,7 @@ class StageRunner:
             for name, src in self.skips_in[s]:
                 box, shape, dtype, device = state["boxes"][name]
                 g = sum(box) if box else torch.zeros(shape, dtype=dtype, device=device)
-                self.transport.send(g, src, f"SB:{name}", m)
+                self.transport.send(g, src, f"SB:{name}", m, src_stage=s)
             state.clear()
         if self.ledger is not None:
             if s not in self._grads_counted:  # gradients now exist for this stage
@@ -191,4 +192,4 @@ class StageRunner:
             if x.grad is None:
                 raise RuntimeError(f"stage {s} input got no gradient; does stage {s - 1}'s output "
                                    "feed it differentiably?")
-            self.transport.send(x.grad, s - 1, "B", m)
+            self.transport.send(x.grad, s - 1, "B", m, src_stage=s)

@@ -55,7 +55,9 @@ class ThreadTransport:
             self._copy_streams[key] = torch.cuda.Stream(src)
         return self._copy_streams[key]
 
-    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int) -> None:
+    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
+             src_stage: int | None = None) -> None:
+        del src_stage  # hand-overs and device copies are not logged as transfers
         dst = self.devices[self.placement[dst_stage]]
         ready = None
         if tensor.is_cuda or dst.type == "cuda":
@@ -125,6 +127,9 @@ class DistTransport:
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
         self._local: dict[tuple[int, str, int], torch.Tensor] = {}  # stages on this rank
         self.sent_bytes = 0
+        # message log for measured transfer rows: ("post", key, src_stage, t, nbytes, src,
+        # dst) at the sender, ("done", key, t) at the receiver; perf_counter seconds
+        self.log: list[tuple] = []
 
     def _tag(self, stage: int, kind: str, mb: int) -> int:
         return (stage * self.m + mb) * len(self.kinds) + self.kinds.index(kind)
@@ -135,7 +140,8 @@ class DistTransport:
             return self.placement[src_stage]
         return self.placement[stage - 1] if kind == "F" else self.placement[stage + 1]
 
-    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int) -> None:
+    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
+             src_stage: int | None = None) -> None:
         dst = self.placement[dst_stage]
         key = (dst_stage, kind, mb)
         if dst == self.rank:
@@ -151,8 +157,10 @@ class DistTransport:
             header = header.to(self.device)
             self._pending.append((dist.isend(header, dst, tag=tag), header))
             self._shapes[key] = (tensor.dtype, tuple(tensor.shape))
+        nbytes = tensor.numel() * tensor.element_size()
+        self.log.append(("post", key, src_stage, time.perf_counter(), nbytes, self.rank, dst))
         self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
-        self.sent_bytes += tensor.numel() * tensor.element_size()
+        self.sent_bytes += nbytes
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
         src = self._peer(stage, kind, src_stage)
@@ -169,6 +177,7 @@ class DistTransport:
         dtype, shape = self._shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
         self._wait(dist.irecv(buf, src, tag=tag), key)
+        self.log.append(("done", key, time.perf_counter()))
         return buf
 
     def _wait(self, work: dist.Work, key: tuple[int, str, int]) -> None:

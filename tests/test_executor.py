@@ -156,3 +156,14 @@ def test_facade_trains_and_infers_like_the_model():
     assert_same_grads(module, ref_grads)
     with torch.no_grad():
         assert torch.allclose(g(x), module(x))
+
+
+@pytest.mark.slow
+def test_measured_traces_hold_transfers_between_the_right_ranks():
+    job = functools.partial(builtin_job, "mlp", 8, **MLP)
+    result, _ = spawn(job, Plan([2, 2], 4, 8, schedule="1f1b"), iterations=1, warmup=0)
+    a = result.trace.actions
+    sends = a[a.kind.str.startswith("SEND")]
+    assert sorted(sends.groupby(["kind", "resource"]).size().items()) == [
+        (("SEND_B", "dev1->dev0"), 4), (("SEND_F", "dev0->dev1"), 4)]
+    assert (sends.end >= sends.start).all() and (sends.nbytes == 2 * 16 * 8).all()
