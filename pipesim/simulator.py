@@ -198,11 +198,12 @@ class _Run:
         """
         if not self.sim.track_memory or not self.deltas:
             return frame_from_rows([], MEMORY_COLUMNS)
-        names = sorted({d for d, _, _ in self.deltas})
+        devices, times, deltas = zip(*self.deltas)  # one transposition at C speed
+        names = sorted(set(devices))
         code = {name: i for i, name in enumerate(names)}
-        dev = np.fromiter((code[d] for d, _, _ in self.deltas), dtype=np.int64)
-        t = np.fromiter((x for _, x, _ in self.deltas), dtype=float)
-        delta = np.fromiter((x for _, _, x in self.deltas), dtype=float)
+        dev = np.array([code[d] for d in devices], dtype=np.int64)
+        t = np.array(times, dtype=float)
+        delta = np.array(deltas, dtype=float)
         order = np.lexsort((delta, t, dev))  # by device, then time, frees first
         dev, t, delta = dev[order], t[order], delta[order]
         level = np.cumsum(delta)
