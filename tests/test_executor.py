@@ -99,7 +99,7 @@ def test_failure_in_a_thread_names_worker_stage_and_action():
     with pytest.raises(ActionFailed, match="worker 1 failed at stage 1 action 1F2: RuntimeError: "
                                            "injected failure"):
         pipe.step(x, y, fail_at=(1, "1F2"))
-    assert time.monotonic() - t0 < 5
+    assert time.monotonic() - t0 < 30  # stops, does not hang (not a speed target)
 
 
 @pytest.mark.slow
