@@ -11,10 +11,15 @@ For every action of the Schedule assigned to this worker:
 
 Stage boundaries are detached, so each stage back-propagates on its own worker; the
 weighted micro-batch losses add up to the full batch's mean loss and the gradients
-accumulate to exactly the full batch's.  Checkpointing preserves the random state, so
-dropout in the recomputation draws the first forward's masks.  Threads of one process
-share one random generator: where a worker's stages use dropout, its forwards and
-checkpointed backwards hold ``rng_lock`` so no other thread draws in between.
+accumulate to exactly the full batch's.  Skip connections crossing stages
+(:mod:`executor.skip`) are sent straight from the stashing to the popping stage after the
+forward, and their gradients straight back after the popping stage's backward; the
+stashing stage's backward then runs from its output and its stashed tensors together.
+On CPU the runner keeps a byte ledger of what it holds (:mod:`executor.ledger`).
+Checkpointing preserves the random state, so dropout in the recomputation draws the
+first forward's masks.  Threads of one process share one random generator: where a
+worker's stages use dropout, its forwards and checkpointed backwards hold ``rng_lock`` so
+no other thread draws in between.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from executor.microbatch import loss_weight
 from executor.partition import has_dropout
 from executor.recorder import Recorder
 from executor.skip import SkipTracker, arrive, use_tracker
+from executor.transport import PipelineAborted
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, Action
 
@@ -64,8 +70,8 @@ class StageRunner:
         self._skip_state: dict[tuple[int, int], dict] = {}
         self.losses: dict[int, float] = {}
         # CPU memory ledger (see executor.ledger): bytes held per micro-batch in flight
-        self.ledger = ledger if device.type != "cuda" else None
-        self.ledger_name = str(device) if device.type == "cuda" else f"dev{worker}"
+        self.ledger = ledger if device.type != "cuda" else None  # CUDA: allocator peaks
+        self.ledger_name = f"dev{worker}"
         self._held: dict[tuple[int, int], int] = {}
         self._grads_counted: set[int] = set()
         self._param_keys = {s: parameter_keys(m) for s, m in stages.items()}
@@ -86,9 +92,9 @@ class StageRunner:
                     self.forward(action.stage, action.microbatch, inputs, targets)
                 else:
                     self.backward(action.stage, action.microbatch)
+            except PipelineAborted:
+                raise  # another worker failed first: its error is the one to report
             except Exception as exc:
-                if exc.__class__.__name__ == "PipelineAborted":
-                    raise
                 raise ActionFailed(f"worker {self.worker} failed at stage {action.stage} action "
                                    f"{action}: {type(exc).__name__}: {exc}") from exc
 
