@@ -9,7 +9,11 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
    them as one shared device -- and compare predicted against measured iteration time and
    peak allocated memory (``torch.cuda.max_memory_allocated``; the prediction adds the
    batch the caller put on the device, which the pipeline model does not own);
-4. write CSV/JSON with the device name, torch and CUDA versions.
+4. per stage: run each stage's action list alone on the GPU, its neighbours' tensors
+   synthesised (executor.stage_alone), and compare max_memory_allocated and
+   max_memory_reserved with the simulator's peak for that stage (stages on separate
+   devices, so received buffers count; the stage's share of the batch added);
+5. write CSV/JSON with the device name, torch and CUDA versions.
 
     python experiments/gpu_validate.py [--device cuda:0] [--quick] [--out DIR]
 """
@@ -32,9 +36,13 @@ from executor.memory import tensor_bytes
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import device_name, profile
+from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine
 from experiments.validation import grid, predict_and_measure, summarise
 from pipesim.cluster import Cluster
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
 
 MODELS = {
     "gpt": dict(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=256),
@@ -42,6 +50,34 @@ MODELS = {
 }
 QUICK = {"gpt": dict(vocab=256, d_model=32, n_layers=2, n_heads=2, seq_len=16),
          "mlp": dict(width=64, depth=3, in_features=64)}
+
+
+def stage_memory(models: dict, args: argparse.Namespace, out: Path) -> pd.DataFrame:
+    """Each stage alone: allocator peaks against the simulator's peak for that stage."""
+    rows = []
+    for dtype in args.dtypes.split(","):
+        for name, model_sizes in models.items():
+            module, loss_fn, x, y = builtin_job(name, args.batch, dtype=dtype, **model_sizes)
+            prof = Profile.load(out / f"profile_{name}_{dtype}.csv")
+            for plan in grid(prof, 2, args.batch, chunks=(4, 16), skew=False):
+                cluster = Cluster.pcie_gpus(plan.n_devices)
+                predicted = metrics(simulate(prof, plan, cluster)).peak_memory_bytes
+                for s in range(plan.n_stages):
+                    peak = run_stage_alone(module, plan, s, x, y, device=args.device,
+                                           loss_fn=loss_fn)
+                    batch = tensor_bytes(x) if s == 0 else tensor_bytes(y) if s == plan.n_stages - 1 else 0
+                    pred = predicted[cluster.devices[s].resource] + batch
+                    rows.append({"model": name, "dtype": dtype, "plan": plan.label(), "stage": s,
+                                 "predicted_bytes": pred,
+                                 "allocated_bytes": peak.get("allocated", peak.get("ledger")),
+                                 "reserved_bytes": peak.get("reserved"),
+                                 "allocated_error_pct": 100 * (pred / peak.get(
+                                     "allocated", peak.get("ledger")) - 1)})
+    table = pd.DataFrame(rows)
+    table.to_csv(out / "stage_memory_gpu.csv", index=False)
+    print("per-stage memory: median |error| vs allocated "
+          f"{table.allocated_error_pct.abs().median():.1f}%", flush=True)
+    return table
 
 
 def main() -> None:
@@ -102,6 +138,7 @@ def main() -> None:
                       f"({time.time() - t_start:.0f} s)", flush=True)
     table = pd.concat(tables, ignore_index=True)
     table.to_csv(out / "validation_gpu.csv", index=False)
+    stage_memory(models, args, out)
     per_grid = {label: summarise(part) for label, part in table.groupby("model")}
     (out / "validation_gpu.json").write_text(json.dumps({"env": env, "per_grid": per_grid,
                                                          "overall": summarise(table)}, indent=2))

@@ -168,3 +168,17 @@ def test_measured_traces_hold_transfers_between_the_right_ranks():
         (("SEND_B", "dev1->dev0"), 4), (("SEND_F", "dev0->dev1"), 4)]
     assert (sends.end >= sends.start).all()
     assert (sends.nbytes == 2 * 16 * 4).all()  # 2 samples x 16 float32 features
+
+
+@pytest.mark.parametrize("name,sizes,balance", [
+    ("mlp", MLP, [2, 2]), ("unet", dict(depth=2, width=4, image_size=8), [3, 4, 6])])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_stage_alone_holds_what_it_holds_in_the_pipeline(name, sizes, balance, schedule):
+    from executor.stage_alone import run_stage_alone
+
+    module, loss_fn, x, y = builtin_job(name, 8, **sizes)
+    plan = Plan(balance, 4, 8, checkpoint="except_last", schedule=schedule)
+    piped = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
+    alone = [run_stage_alone(module, plan, s, x, y, loss_fn=loss_fn)["ledger"]
+             for s in range(plan.n_stages)]
+    assert alone == [piped.trace.meta["peak_memory"][f"dev{s}"] for s in range(plan.n_stages)]

@@ -1,0 +1,116 @@
+"""One stage's action list run alone, its neighbours' tensors synthesised.
+
+To measure a stage's memory without the rest of the pipeline (and without the devices
+the other stages would need), a :class:`SynthTransport` stands in for every other stage:
+a receive returns a fresh random tensor of the shape and dtype that stage would have
+sent, a send is dropped.  Shapes come from one unpipelined forward per micro-batch
+(:func:`message_shapes`).  The stage runs its actions in schedule order on its device:
+
+    peak = run_stage_alone(module, plan, stage=1, inputs=x, targets=y, device="cuda:0")
+    peak["allocated"], peak["reserved"]      # CUDA allocator peaks (bytes); CPU: the ledger
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from executor.ledger import MemoryLedger
+from executor.microbatch import scatter
+from executor.partition import split_module
+from executor.pipeline import stage_skips
+from executor.recorder import Recorder
+from executor.skip import SkipTracker, use_tracker
+from executor.stage import StageRunner
+from pipesim.plan import Plan
+from pipesim.schedule import Schedule, build_schedule
+
+Shape = tuple[tuple[int, ...], torch.dtype]
+
+
+@torch.no_grad()
+def message_shapes(module: nn.Sequential, plan: Plan,
+                   inputs: torch.Tensor) -> dict[tuple[int, str, int], Shape]:
+    """Shape and dtype of every message a stage receives: ``(stage, kind, mb) -> ...``.
+
+    Kinds as the transports use them: ``F`` input, ``B`` gradient of the output, ``S:x`` a
+    skip, ``SB:x`` a skip's gradient.
+    """
+    stages = split_module(module, plan.balance)
+    skips = stage_skips(module, plan)
+    shapes: dict[tuple[int, str, int], Shape] = {}
+    for m, x in enumerate(scatter(inputs, plan)):
+        with use_tracker(SkipTracker(retain=True)) as tracker:
+            for s, stage in enumerate(stages):
+                if s > 0:
+                    shapes[(s, "F", m)] = (tuple(x.shape), x.dtype)
+                x = stage(x)
+                if s < plan.n_stages - 1:
+                    shapes[(s, "B", m)] = (tuple(x.shape), x.dtype)
+        for name, a, b in skips:
+            t = tracker.stashed[name]
+            shapes[(b, f"S:{name}", m)] = shapes[(a, f"SB:{name}", m)] = (tuple(t.shape), t.dtype)
+    return shapes
+
+
+class SynthTransport:
+    """Receives synthesised tensors of the recorded shapes; drops what is sent."""
+
+    def __init__(self, shapes: dict[tuple[int, str, int], Shape], device: torch.device):
+        self.shapes, self.device = shapes, device
+
+    def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
+             src_stage: int | None = None) -> None:
+        del tensor, dst_stage, kind, mb, src_stage
+
+    def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
+        del src_stage
+        shape, dtype = self.shapes[(stage, kind, mb)]
+        if dtype.is_floating_point:
+            return torch.randn(shape, dtype=dtype, device=self.device)
+        return torch.zeros(shape, dtype=dtype, device=self.device)
+
+    def finish_iteration(self) -> None:
+        pass
+
+
+def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch.Tensor,
+                    targets: torch.Tensor, *, device: str | torch.device = "cpu",
+                    loss_fn: Callable | None = None, schedule: Schedule | None = None,
+                    iterations: int = 2) -> dict[str, int]:
+    """Peak bytes of ``stage`` run alone: ``allocated``/``reserved`` (CUDA) or ``ledger`` (CPU).
+
+    The stage's actions keep the order its device has in ``schedule``; the last iteration
+    is measured after the first warms the allocator up.
+    """
+    schedule = schedule or build_schedule(plan)
+    device = torch.device(device)
+    shapes = message_shapes(module, plan, inputs)
+    part = split_module(module, plan.balance)[stage].to(device)
+    actions = tuple(a for a in schedule.order[schedule.placement[stage]] if a.stage == stage)
+    xs = scatter(inputs.to(device), plan)
+    ys = scatter(targets.to(device), plan)
+    peaks: dict[str, int] = {}
+    for _ in range(iterations):
+        part.zero_grad(set_to_none=True)
+        ledger = MemoryLedger()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats(device)
+        runner = StageRunner(0, {stage: part}, plan, loss_fn or nn.functional.cross_entropy,
+                             device, SynthTransport(shapes, device), Recorder(0, device),
+                             ledger=ledger, skips=stage_skips(module, plan))
+        if device.type == "cuda":
+            runner.recorder.origin_event = torch.cuda.Event(enable_timing=True)
+            runner.recorder.origin_event.record()
+        runner.run(actions, xs, ys)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            peaks = {"allocated": int(torch.cuda.max_memory_allocated(device)),
+                     "reserved": int(torch.cuda.max_memory_reserved(device))}
+        else:
+            peaks = {"ledger": max(ledger.peak.values(), default=0)}
+    return peaks
