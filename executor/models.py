@@ -73,6 +73,17 @@ def mlp(width: int = 512, depth: int = 8, in_features: int = 256, classes: int =
 
 
 # --------------------------------------------------------------------------- ResNet
+def image_classification_batch(image_size: int, classes: int) -> Callable[..., tuple]:
+    """``make_batch(n, seed, dtype)``: random RGB images and class labels."""
+
+    def make_batch(n: int, seed: int = 0, dtype: torch.dtype = torch.float32):
+        g = _generator(seed)
+        return (torch.randn(n, 3, image_size, image_size, generator=g).to(dtype),
+                torch.randint(0, classes, (n,), generator=g))
+
+    return make_batch
+
+
 class BasicBlock(nn.Module):
     """Two 3x3 convs with batch norm; the residual is added inside the block."""
 
@@ -107,12 +118,7 @@ def resnet(width: int = 16, blocks: tuple[int, ...] = (2, 2, 2), image_size: int
             c = c_out
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c, classes)))
     module = nn.Sequential(*layers)
-
-    def make_batch(n: int, seed: int = 0, dtype: torch.dtype = torch.float32):
-        g = _generator(seed)
-        return (torch.randn(n, 3, image_size, image_size, generator=g).to(dtype),
-                torch.randint(0, classes, (n,), generator=g))
-
+    make_batch = image_classification_batch(image_size, classes)
     return BuiltinModel("resnet", module, make_batch, nn.functional.cross_entropy,
                         dict(width=width, blocks=list(blocks), image_size=image_size))
 
@@ -253,12 +259,7 @@ def resnet_skip(width: int = 16, blocks: int = 4, image_size: int = 16, classes:
                    Pop(f"res{i}", "add"), nn.ReLU()]
     layers.append(nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(width, classes)))
     module = nn.Sequential(*layers)
-
-    def make_batch(n: int, seed: int = 0, dtype: torch.dtype = torch.float32):
-        g = _generator(seed)
-        return (torch.randn(n, 3, image_size, image_size, generator=g).to(dtype),
-                torch.randint(0, classes, (n,), generator=g))
-
+    make_batch = image_classification_batch(image_size, classes)
     return BuiltinModel("resnet_skip", module, make_batch, nn.functional.cross_entropy,
                         dict(width=width, blocks=blocks, image_size=image_size))
 
