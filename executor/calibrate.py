@@ -9,7 +9,10 @@
    idle gaps the schedule does not explain are spread over the actions of the busiest
    device.
 
-Neither step runs the plans being validated: nothing is fitted to validation runs.
+3. **Contention** -- one forward+backward loop alone, then in two processes at once: how
+   much co-located ranks slow each other (memory bandwidth, caches, gloo's threads).
+
+No step runs the plans being validated: nothing is fitted to validation runs.
 """
 
 from __future__ import annotations
@@ -148,9 +151,10 @@ def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes")
     """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s)."""
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
-    return Cluster([Device(f"rank{i}") for i in range(n_devices)], link=link,
+    contention = measure_contention(min(n_devices, 2))
+    return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
-                   name=name)
+                   host_contention=contention["host_contention"], name=name)
 
 
 def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
@@ -174,3 +178,45 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
                    progress=False)
     pipe = Pipeline(module, plan, devices=[device] * n_workers, loss_fn=loss_fn)
     return _overheads(pipe.run(x, y, iterations=iterations, warmup=3).trace.actions, prof, plan)
+
+
+def _contention_loop(rank: int, barrier, out, iterations: int) -> None:
+    """Time forward+backward of the calibration MLP, starting with the other ranks."""
+    from executor.models import builtin_job
+
+    torch.set_num_threads(1)
+    module, loss_fn, x, y = builtin_job("mlp", 8, width=256, depth=5, in_features=256)
+    for _ in range(5):
+        loss_fn(module(x), y).backward()
+    barrier.wait()
+    times = []
+    for _ in range(iterations):
+        t0 = time.perf_counter()
+        loss_fn(module(x), y).backward()
+        times.append(time.perf_counter() - t0)
+    out.put((rank, statistics.median(times)))
+
+
+def measure_contention(workers: int = 2, iterations: int = 200) -> dict[str, float]:
+    """How much ``workers`` processes computing at once slow each other (``host_contention``).
+
+    The same forward+backward loop runs in one process, then in ``workers`` processes
+    started together; ``contention = (together / alone - 1) / (workers - 1)``.  A separate
+    measurement, never the plans being validated.
+    """
+    ctx = mp.get_context("spawn")
+
+    def timed(n: int) -> float:
+        out, barrier = ctx.Queue(), ctx.Barrier(n)
+        procs = [ctx.Process(target=_contention_loop, args=(r, barrier, out, iterations))
+                 for r in range(n)]
+        for p in procs:
+            p.start()
+        medians = [out.get(timeout=300)[1] for _ in range(n)]
+        for p in procs:
+            p.join()
+        return statistics.median(medians)
+
+    alone, together = timed(1), timed(workers)
+    return {"alone_s": alone, "together_s": together,
+            "host_contention": max(together / alone - 1.0, 0.0) / max(workers - 1, 1)}

@@ -7,6 +7,7 @@ simulator.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import numpy as np
@@ -71,12 +72,14 @@ def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
 def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster) -> float:
     """Relative error of the simulator replaying the run's own median action durations.
 
-    Durations come from the run; links and the gap between actions from calibration.
+    Durations come from the run (contention included); links and the gap between actions
+    from calibration.
     """
     a = measured.actions[measured.actions.kind.isin(["F", "B"])]
     med = (a.assign(d=a.end - a.start).groupby(["stage", "kind", "microbatch"])["d"].median())
     durations = {k: float(v) for k, v in med.items()}
-    replay = metrics(simulate(profile, plan, cluster, durations=durations)).iteration_time_s
+    replay_cluster = dataclasses.replace(cluster, host_contention=0.0)
+    replay = metrics(simulate(profile, plan, replay_cluster, durations=durations)).iteration_time_s
     return replay / metrics(measured).iteration_time_s - 1
 
 

@@ -42,6 +42,9 @@ class Device:
     name: str
     physical: str = ""
     memory_bytes: float = math.inf
+    #: machine the device is on; workers of one host slow each other down (see
+    #: ``Cluster.host_contention``); "" shares nothing
+    host: str = ""
 
     @property
     def resource(self) -> str:
@@ -62,6 +65,10 @@ class Cluster:
     #: executor time between actions on a worker (posting sends, waking up): an action
     #: starts ``action_gap_s`` after both its worker and its input are ready; idle time
     action_gap_s: float = 0.0
+    #: processor sharing between workers of one host (CPU processes competing for memory
+    #: bandwidth, caches and the communication threads): while k compute actions run on a
+    #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
+    host_contention: float = 0.0
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -70,6 +77,7 @@ class Cluster:
         for what, v in (("compute_overhead_s", self.compute_overhead_s),
                         ("transfer_overhead_s", self.transfer_overhead_s),
                         ("action_gap_s", self.action_gap_s),
+                        ("host_contention", self.host_contention),
                         ("link latency_s", self.link.latency_s)):
             if v < 0 or math.isnan(v):
                 raise ClusterError(f"{what} must be non-negative, got {v}")
@@ -95,7 +103,8 @@ class Cluster:
     @classmethod
     def cpu_processes(cls, n: int, memory_bytes: float = math.inf) -> Cluster:
         """``n`` CPU processes talking over gloo on loopback (rough defaults)."""
-        return cls([Device(f"cpu{i}", memory_bytes=memory_bytes) for i in range(n)],
+        return cls([Device(f"cpu{i}", memory_bytes=memory_bytes, host="localhost")
+                    for i in range(n)],
                    link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
                    name="cpu_processes")
 
@@ -139,6 +148,7 @@ class Cluster:
                        compute_overhead_s=float(d.get("compute_overhead_s", 0.0)),
                        transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
                        action_gap_s=float(d.get("action_gap_s", 0.0)),
+                       host_contention=float(d.get("host_contention", 0.0)),
                        name=d.get("name", "cluster"))
         except (KeyError, TypeError) as exc:
             raise ClusterError(f"{source}: malformed cluster description ({exc!r})") from None

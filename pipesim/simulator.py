@@ -81,6 +81,56 @@ class _Send(NamedTuple):
     resource: str  # the link's name in the trace, "dev0->dev1"
 
 
+class _Host:
+    """Processor sharing of one host's workers (see ``Cluster.host_contention``).
+
+    Each running action has work left (seconds at full speed); all progress at the same
+    rate, which changes whenever an action starts or ends, so one timer -- to the next
+    completion -- is kept and rebuilt on every change.
+    """
+
+    def __init__(self, env: simpy.Environment, contention: float):
+        self.env, self.contention = env, contention
+        self.work: dict[simpy.Event, float] = {}
+        self.last = 0.0
+        self.timer = 0  # generation of the pending timer: older ones are ignored
+
+    def _rate(self) -> float:
+        return 1.0 / (1.0 + self.contention * (len(self.work) - 1)) if self.work else 1.0
+
+    def _advance(self) -> None:
+        now = self.env.now
+        done = (now - self.last) * self._rate()
+        for ev in self.work:
+            self.work[ev] -= done
+        self.last = now
+
+    def _schedule(self) -> None:
+        self.timer += 1
+        if not self.work:
+            return
+        generation = self.timer
+        delay = max(min(self.work.values()), 0.0) / self._rate()
+        self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
+
+    def _expire(self, generation: int) -> None:
+        if generation != self.timer:
+            return
+        self._advance()
+        for ev in [e for e, w in self.work.items() if w <= 1e-12]:
+            del self.work[ev]
+            ev.succeed()
+        self._schedule()
+
+    def run(self, seconds: float) -> simpy.Event:
+        """An event that fires when ``seconds`` of work is done at the shared rate."""
+        self._advance()
+        ev = self.env.event()
+        self.work[ev] = seconds
+        self._schedule()
+        return ev
+
+
 class _Run:
     """One simulated iteration; times are offset by ``origin`` seconds.
 
@@ -101,6 +151,7 @@ class _Run:
             (device, 0.0, static) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
         self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources}
+        self.hosts = {h: _Host(self.env, sim.cluster.host_contention) for h in sim.shared_hosts}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -140,6 +191,7 @@ class _Run:
         track = sim.track_memory
         device = sim.resource_of[w]
         resource = self.compute.get(device)
+        host = self.hosts.get(sim.cluster.devices[w].host)
         jitter = self.rng is not None
         name = f"dev{w}"
         timeout = env.timeout
@@ -166,12 +218,12 @@ class _Run:
                 seconds *= sim.jitter.stragglers.get(w, 1.0)
                 if sim.jitter.sigma:
                     seconds *= float(self.rng.lognormal(0.0, sim.jitter.sigma))
-            yield timeout(seconds)
+            yield timeout(seconds) if host is None else host.run(seconds)
             end = env.now
             if track and step.alloc_end:
                 deltas.append((device, end, step.alloc_end))
             if step.recompute_s:
-                r_end = start + seconds * step.recompute_s / step.seconds
+                r_end = start + (end - start) * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
             rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
             if resource is not None:
@@ -260,6 +312,12 @@ class Simulator:
         for w in workers:
             users[self.resource_of[w]].append(w)
         self.shared_resources = [r for r, ws in users.items() if len(ws) > 1]
+        hosts = defaultdict(set)
+        for w in workers:
+            if self.cluster.devices[w].host:
+                hosts[self.cluster.devices[w].host].add(self.resource_of[w])
+        self.shared_hosts = ([h for h, devs in hosts.items() if len(devs) > 1]
+                             if self.cluster.host_contention else [])
         factor = 1 + plan.optimizer_state_factor
         self.static_bytes: dict[str, float] = defaultdict(float)
         for s in range(n):

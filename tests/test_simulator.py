@@ -238,3 +238,18 @@ def test_action_gap_delays_starts_without_counting_as_busy():
     # the critical path holds 2 (m + n - 1) actions; the iteration is measured from the
     # first action's start, so all but the first gap lengthen it
     assert gap.iteration_time_s == pytest.approx(plain.iteration_time_s + 0.5 * (2 * (4 + 2 - 1) - 1))
+
+
+def test_host_contention_shares_the_processor_only_while_actions_overlap():
+    prof = uniform_profile(2)  # F = 1 s per sample and layer
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    alone = [Device("a", host="h"), Device("b", host="h")]
+    trace = simulate(prof, plan, Cluster(alone, host_contention=0.5))
+    f = trace.actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(0, 0), "end"] == pytest.approx(1.0)  # runs alone: full speed
+    # stage 0's F1 and stage 1's F0 run together from t=1 at 1/(1+0.5) speed: 1.5 s each
+    assert f.loc[(0, 1), "end"] == pytest.approx(2.5)
+    assert f.loc[(1, 0), "end"] == pytest.approx(2.5)
+    apart = [Device("a", host="h1"), Device("b", host="h2")]
+    assert metrics(simulate(prof, plan, Cluster(apart, host_contention=0.5))).iteration_time_s == (
+        pytest.approx(metrics(simulate(prof, plan)).iteration_time_s))
