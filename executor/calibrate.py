@@ -32,6 +32,20 @@ from pipesim.cluster import Cluster, Device, Link
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 
 
+def _gather(target, n: int, args: tuple, expected: int) -> list:
+    """Run ``target(rank, *args, out)`` in ``n`` spawned processes; the first ``expected``
+    items they put on ``out``."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(n)]
+    for p in procs:
+        p.start()
+    items = [out.get(timeout=300) for _ in range(expected)]
+    for p in procs:
+        p.join()
+    return items
+
+
 def _pingpong(rank: int, port: int, sizes: tuple[int, ...], repeats: int, out) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -64,15 +78,7 @@ def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20) -> tuple[Lin
     """Fit a gloo loopback link between two processes; returns it and the raw medians."""
     from executor.distributed import _free_port
 
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_pingpong, args=(r, port, sizes, repeats, out)) for r in range(2)]
-    for p in procs:
-        p.start()
-    one_way = out.get(timeout=300)
-    for p in procs:
-        p.join()
+    (one_way,) = _gather(_pingpong, 2, (_free_port(), sizes, repeats), expected=1)
     # Two points, robust to one noisy size: latency from the smallest message, bandwidth
     # from the growth between the smallest and the largest.
     small, large = min(one_way), max(one_way)
@@ -180,7 +186,7 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     return _overheads(pipe.run(x, y, iterations=iterations, warmup=3).trace.actions, prof, plan)
 
 
-def _contention_loop(rank: int, barrier, out, iterations: int) -> None:
+def _contention_loop(rank: int, barrier, iterations: int, out) -> None:
     """Time forward+backward of the calibration MLP, starting with the other ranks."""
     from executor.models import builtin_job
 
@@ -204,18 +210,10 @@ def measure_contention(workers: int = 2, iterations: int = 200) -> dict[str, flo
     started together; ``contention = (together / alone - 1) / (workers - 1)``.  A separate
     measurement, never the plans being validated.
     """
-    ctx = mp.get_context("spawn")
-
     def timed(n: int) -> float:
-        out, barrier = ctx.Queue(), ctx.Barrier(n)
-        procs = [ctx.Process(target=_contention_loop, args=(r, barrier, out, iterations))
-                 for r in range(n)]
-        for p in procs:
-            p.start()
-        medians = [out.get(timeout=300)[1] for _ in range(n)]
-        for p in procs:
-            p.join()
-        return statistics.median(medians)
+        barrier = mp.get_context("spawn").Barrier(n)
+        results = _gather(_contention_loop, n, (barrier, iterations), expected=n)
+        return statistics.median(median for _, median in results)
 
     alone, together = timed(1), timed(workers)
     return {"alone_s": alone, "together_s": together,

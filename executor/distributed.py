@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import queue
 import socket
-import statistics
 import time
 import traceback
 from collections.abc import Callable
@@ -34,7 +33,7 @@ from executor.batchnorm import commit_deferred_batch_norm
 from executor.ledger import MemoryLedger
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.pipeline import RunResult, check_inputs, stage_skips
+from executor.pipeline import RunResult, check_inputs, measured_meta, stage_skips
 from executor.recorder import Recorder
 from executor.stage import StageRunner
 from executor.transport import DistTransport
@@ -271,14 +270,11 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
         rows = [row for r in sorted(ranks) for row in ranks[r].rows]
         rows += transfer_rows([m for r in ranks.values() for m in r.messages])
         losses = ranks[schedule.placement[-1]].losses
-        meta = {"source": "measured", "transport": "torch.distributed/gloo",
-                "batch_size": plan.batch_size, "plan": plan.to_dict(), "schedule": schedule.name,
-                "devices": {r: f"rank{r}" for r in range(world)}, "iterations": iterations,
-                "warmup": warmup, "threads_per_rank": threads_per_rank, "pinned": pin_cores,
-                "torch": torch.__version__,
-                "median_loss": statistics.median(losses) if losses else None,
-                **({"peak_memory": {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks},
-                    "memory_source": "executor ledger (CPU)"} if track_memory else {})}
+        peaks = {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks} if track_memory else None
+        meta = measured_meta(plan, schedule, "torch.distributed/gloo",
+                             {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
+                             peaks, "executor ledger (CPU)", threads_per_rank=threads_per_rank,
+                             pinned=pin_cores)
         out.append((RunResult(Trace(frame_from_rows(rows, ACTION_COLUMNS), meta=meta), losses),
                     ranks))
     return out

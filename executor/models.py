@@ -34,9 +34,6 @@ class BuiltinModel:
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     sizes: dict[str, Any] = field(default_factory=dict)
 
-    def to(self, device: str | torch.device, dtype: torch.dtype | None = None) -> BuiltinModel:
-        self.module.to(device=device, dtype=dtype)
-        return self
 
 
 def _generator(seed: int) -> torch.Generator:

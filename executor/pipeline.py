@@ -12,6 +12,7 @@ at most one wait slice) and the error names its worker, stage and action.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import threading
 import time
@@ -45,6 +46,20 @@ class RunResult:
     @property
     def loss(self) -> float:
         return self.losses[-1]
+
+
+def measured_meta(plan: Plan, schedule: Schedule, transport: str, devices: dict,
+                  iterations: int, warmup: int, losses: list[float], peaks: dict | None,
+                  memory_source: str, **extra) -> dict:
+    """The metadata of a measured Trace (both transports)."""
+    meta = {"source": "measured", "transport": transport, "batch_size": plan.batch_size,
+            "plan": plan.to_dict(), "schedule": schedule.name, "devices": devices,
+            "iterations": iterations, "warmup": warmup, **extra, "torch": torch.__version__,
+            "median_loss": statistics.median(losses) if losses else None}
+    if peaks:
+        meta["peak_memory"] = peaks
+        meta["memory_source"] = memory_source
+    return meta
 
 
 def stage_skips(module: nn.Sequential, plan: Plan) -> tuple[tuple[str, int, int], ...]:
@@ -94,7 +109,13 @@ class Pipeline:
         self.timeout_s = timeout_s
         self.rng_lock = threading.Lock()
         self.skips = stage_skips(module, plan)
+        self._streams: dict[int, torch.cuda.Stream] = {}  # one compute stream per CUDA worker
         self.last_transport: ThreadTransport | None = None
+
+    def _stream(self, worker: int) -> torch.cuda.Stream:
+        if worker not in self._streams:
+            self._streams[worker] = torch.cuda.Stream(self.devices[worker])
+        return self._streams[worker]
 
     def _stages_of(self, worker: int) -> dict[int, nn.Module]:
         return {s: self.stages[s] for s in range(self.plan.n_stages)
@@ -134,8 +155,8 @@ class Pipeline:
         def work(w: int) -> None:
             dev = self.devices[w]
             try:
-                ctx = (torch.cuda.stream(torch.cuda.Stream(dev)) if dev.type == "cuda"
-                       else _nullcontext())
+                ctx = (torch.cuda.stream(self._stream(w)) if dev.type == "cuda"
+                       else contextlib.nullcontext())
                 with ctx:
                     if dev.type == "cuda":
                         torch.cuda.current_stream(dev).wait_event(recorders[w].origin_event)
@@ -189,21 +210,9 @@ class Pipeline:
             for d, p in it_peaks.items():
                 peaks[d] = max(peaks.get(d, 0), p)
         actions = frame_from_rows(rows, ACTION_COLUMNS)
-        meta = {"source": "measured", "transport": "threads", "batch_size": self.plan.batch_size,
-                "plan": self.plan.to_dict(), "schedule": self.schedule.name,
-                "devices": {w: str(d) for w, d in enumerate(self.devices)},
-                "iterations": iterations, "warmup": warmup, "torch": torch.__version__,
-                "median_loss": statistics.median(losses) if losses else None}
-        if peaks:
-            meta["peak_memory"] = peaks
-            meta["memory_source"] = ("torch.cuda.max_memory_allocated" if any(
-                d.type == "cuda" for d in self.devices) else "executor ledger (CPU)")
+        memory_source = ("torch.cuda.max_memory_allocated" if any(
+            d.type == "cuda" for d in self.devices) else "executor ledger (CPU)")
+        meta = measured_meta(self.plan, self.schedule, "threads",
+                             {w: str(d) for w, d in enumerate(self.devices)}, iterations, warmup,
+                             losses, peaks, memory_source)
         return RunResult(Trace(actions, meta=meta), losses)
-
-
-class _nullcontext:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False

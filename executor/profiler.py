@@ -263,13 +263,7 @@ def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tens
     dtype = next(model.parameters()).dtype
     if x.is_floating_point():
         x = x.to(dtype)
-    watch = Stopwatch(device)
-    for i in range(warmup + repeats):
-        synchronize(device)
-        if i >= warmup:
-            with watch.region():
-                loss_fn(model(x), t).backward()
-        else:
-            loss_fn(model(x), t).backward()
+    times = [sum(_time_whole(model, x, loss_fn, t, None, device))
+             for _ in range(warmup + repeats)]
     model.zero_grad(set_to_none=True)
-    return statistics.median(watch.elapsed())
+    return statistics.median(times[warmup:])

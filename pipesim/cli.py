@@ -64,12 +64,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def plan_from_args(args: argparse.Namespace, profile: Profile | None) -> Plan:
-    if args.chunks < 1 or args.batch_size < 1:  # let the Plan name the bad value
-        Plan([1], args.chunks, args.batch_size)
     if args.balance:
         balance = parse_ints(args.balance, "--balance")
     elif profile is not None:
-        size = min(max(profile.micro_batch_sizes), max(1, args.batch_size // args.chunks))
+        # max(1, chunks): a bad chunks count is named by the Plan below, not divided by here
+        size = min(max(profile.micro_batch_sizes), max(1, args.batch_size // max(1, args.chunks)))
         size = max(size, min(profile.micro_batch_sizes))
         balance = min_max_partition(profile.layer_times(size), args.stages)
     else:

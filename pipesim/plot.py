@@ -136,8 +136,7 @@ def gantt_pair(predicted: Trace, measured: Trace, title: str = ""):
     it = int(np.argsort(times)[len(times) // 2])
     one = measured.iteration(sorted(measured.actions["iteration"].unique())[it])
     fig, axes = plt.subplots(2, 1, figsize=(12, 6), sharex=True)
-    gantt(predicted.iteration(0) if "iteration" in predicted.actions else predicted, axes[0],
-          title=f"predicted {title}")
+    gantt(predicted.iteration(0), axes[0], title=f"predicted {title}")
     gantt(one, axes[1], title=f"measured {title} (median iteration)")
     fig.tight_layout()
     return fig
