@@ -2,8 +2,8 @@
 
 Devices here are the pipeline's workers (one action list each).  Several workers may
 share one physical device (``physical``): one GPU standing in for many.  Workers on one
-physical device share its compute (their actions run one at a time) and its memory, and
-hand tensors over without a copy.
+physical device share its compute (in turn, or concurrently: ``device_sharing``) and its
+memory, and hand tensors over without a copy.
 
 Overheads are what the profile does not see: the executor's time inside each compute
 action (hooks, Python; counted as busy), between actions (``action_gap_s``: posting
@@ -69,6 +69,14 @@ class Cluster:
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
     host_contention: float = 0.0
+    #: how workers sharing one physical device use it: ``"serial"`` (their actions take
+    #: turns: CPU threads of one process, a GPU driven from one stream) or
+    #: ``"concurrent"`` (each worker's stream runs its kernels alongside the others', as
+    #: pipesim's threads do on one GPU; law in :mod:`pipesim.contention`)
+    device_sharing: str = "serial"
+    #: measured aggregate speedup of k concurrent streams on one device, k = 1, 2, ...
+    #: (first entry 1); empty: read off the profile's size scaling
+    device_speedup: tuple[float, ...] = ()
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -81,6 +89,12 @@ class Cluster:
                         ("link latency_s", self.link.latency_s)):
             if v < 0 or math.isnan(v):
                 raise ClusterError(f"{what} must be non-negative, got {v}")
+        if self.device_sharing not in ("serial", "concurrent"):
+            raise ClusterError(f"device_sharing must be 'serial' or 'concurrent', got "
+                               f"{self.device_sharing!r}")
+        self.device_speedup = tuple(float(v) for v in self.device_speedup)
+        if any(not 1.0 <= v <= k + 1 for k, v in enumerate(self.device_speedup)):
+            raise ClusterError(f"device_speedup[k-1] must lie in [1, k], got {list(self.device_speedup)}")
         if not self.link.bandwidth_Bps > 0:
             raise ClusterError(f"link bandwidth must be positive, got {self.link.bandwidth_Bps}")
 
@@ -124,7 +138,8 @@ class Cluster:
     def shared_gpu(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
         """``n`` workers on one GPU ``cuda:0``: shared compute and memory, no copies."""
         return cls([Device(f"w{i}", physical="cuda:0", memory_bytes=memory_bytes)
-                    for i in range(n)], compute_overhead_s=20e-6, name="shared_gpu")
+                    for i in range(n)], compute_overhead_s=20e-6, device_sharing="concurrent",
+                   name="shared_gpu")
 
     # ------------------------------------------------------------------ files
     def to_dict(self) -> dict:
@@ -149,8 +164,12 @@ class Cluster:
                        transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
                        action_gap_s=float(d.get("action_gap_s", 0.0)),
                        host_contention=float(d.get("host_contention", 0.0)),
+                       device_sharing=str(d.get("device_sharing", "serial")),
+                       device_speedup=tuple(d.get("device_speedup", ())),
                        name=d.get("name", "cluster"))
-        except (KeyError, TypeError) as exc:
+        except ClusterError as exc:
+            raise ClusterError(f"{source}: {exc}") from None
+        except (KeyError, TypeError, ValueError) as exc:
             raise ClusterError(f"{source}: malformed cluster description ({exc!r})") from None
 
     @classmethod

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 
@@ -71,3 +72,21 @@ class PlanCosts:
 
     def stage_param_bytes(self, stage: int) -> float:
         return self._table[stage][0].param_bytes
+
+    def device_speedup(self, profile: Profile, streams: int) -> list[float]:
+        """Aggregate speedup of ``streams`` workers' kernels run together on one device.
+
+        Read off the profile's size scaling at the plan's (first) micro-batch size, for the
+        whole model (see :func:`pipesim.contention.speedup_from_scaling`): ``k`` streams of
+        micro-batches of ``b`` samples do the work of one stream of ``k * b``.  Beyond the
+        largest profiled size the time grows in proportion to the size (a saturated device).
+        """
+        largest = profile.micro_batch_sizes[-1]
+        whole = (0, profile.n_layers)
+
+        def time_at(size: float) -> float:
+            at = min(size, largest)
+            span = profile.span_cost(*whole, at, extrapolate=self.extrapolate)
+            return (span.fwd_s + span.bwd_s) * size / at
+
+        return speedup_from_scaling(time_at, self.plan.micro_batch_sizes[0], streams)

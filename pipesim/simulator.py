@@ -2,7 +2,8 @@
 
 Each worker is a SimPy process that walks its action list in order.  An action starts
 when (a) the worker reached it, (b) its inputs arrived, and (c) its physical device's
-compute is free (workers sharing a GPU queue on one resource).  A finished F(s, m)
+compute is free (workers sharing a device serially queue on one resource; workers whose
+streams run concurrently start at once and share the device's speed instead).  A finished F(s, m)
 sends its output to stage s+1, a finished B(s, m) its input gradient to stage s-1, over
 the link between the two workers: each direction of a link streams one transfer's bytes
 at a time (a copy stream / an async send), so transfers overlap compute but not each
@@ -12,6 +13,9 @@ Time of an action: profile seconds at the micro-batch's real size, plus the clus
 per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
 the cluster's ``action_gap_s`` after its worker and its input are both ready.  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
+While actions overlap on a concurrently shared device, or on a host whose processes slow
+each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
+engine decides when an action runs, that module how fast.
 
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
@@ -35,6 +39,7 @@ import pandas as pd
 import simpy
 
 from pipesim.cluster import FREE, Cluster
+from pipesim.contention import ProcessorSharing, device_law, host_law
 from pipesim.costs import PlanCosts, StageCost
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -81,56 +86,6 @@ class _Send(NamedTuple):
     resource: str  # the link's name in the trace, "dev0->dev1"
 
 
-class _Host:
-    """Processor sharing of one host's workers (see ``Cluster.host_contention``).
-
-    Each running action has work left (seconds at full speed); all progress at the same
-    rate, which changes whenever an action starts or ends, so one timer -- to the next
-    completion -- is kept and rebuilt on every change.
-    """
-
-    def __init__(self, env: simpy.Environment, contention: float):
-        self.env, self.contention = env, contention
-        self.work: dict[simpy.Event, float] = {}
-        self.last = 0.0
-        self.timer = 0  # generation of the pending timer: older ones are ignored
-
-    def _rate(self) -> float:
-        return 1.0 / (1.0 + self.contention * (len(self.work) - 1)) if self.work else 1.0
-
-    def _advance(self) -> None:
-        now = self.env.now
-        done = (now - self.last) * self._rate()
-        for ev in self.work:
-            self.work[ev] -= done
-        self.last = now
-
-    def _schedule(self) -> None:
-        self.timer += 1
-        if not self.work:
-            return
-        generation = self.timer
-        delay = max(min(self.work.values()), 0.0) / self._rate()
-        self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
-
-    def _expire(self, generation: int) -> None:
-        if generation != self.timer:
-            return
-        self._advance()
-        for ev in [e for e, w in self.work.items() if w <= 1e-12]:
-            del self.work[ev]
-            ev.succeed()
-        self._schedule()
-
-    def run(self, seconds: float) -> simpy.Event:
-        """An event that fires when ``seconds`` of work is done at the shared rate."""
-        self._advance()
-        ev = self.env.event()
-        self.work[ev] = seconds
-        self._schedule()
-        return ev
-
-
 class _Run:
     """One simulated iteration; times are offset by ``origin`` seconds.
 
@@ -150,8 +105,13 @@ class _Run:
         self.deltas: list[tuple[str, float, float]] = [
             (device, 0.0, static) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
-        self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources}
-        self.hosts = {h: _Host(self.env, sim.cluster.host_contention) for h in sim.shared_hosts}
+        # Serial sharing queues on a SimPy resource; concurrent sharing is processor sharing.
+        self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources
+                        if sim.device_law is None}
+        self.streams = ({r: ProcessorSharing(self.env, sim.device_law) for r in sim.shared_resources}
+                        if sim.device_law is not None else {})
+        self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention))
+                      for h in sim.shared_hosts}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -191,7 +151,9 @@ class _Run:
         track = sim.track_memory
         device = sim.resource_of[w]
         resource = self.compute.get(device)
-        host = self.hosts.get(sim.cluster.devices[w].host)
+        # what the action's work progresses on: the device's streams when they run
+        # concurrently, else the host when its processes slow each other, else alone
+        sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
         jitter = self.rng is not None
         name = f"dev{w}"
         timeout = env.timeout
@@ -218,7 +180,7 @@ class _Run:
                 seconds *= sim.jitter.stragglers.get(w, 1.0)
                 if sim.jitter.sigma:
                     seconds *= float(self.rng.lognormal(0.0, sim.jitter.sigma))
-            yield timeout(seconds) if host is None else host.run(seconds)
+            yield timeout(seconds) if sharing is None else sharing.run(seconds)
             end = env.now
             if track and step.alloc_end:
                 deltas.append((device, end, step.alloc_end))
@@ -312,6 +274,12 @@ class Simulator:
         for w in workers:
             users[self.resource_of[w]].append(w)
         self.shared_resources = [r for r, ws in users.items() if len(ws) > 1]
+        self.device_law = None
+        if self.cluster.device_sharing == "concurrent" and self.shared_resources:
+            streams = max(len(ws) for ws in users.values())
+            speedup = (list(self.cluster.device_speedup)
+                       or self.costs.device_speedup(self.profile, streams))
+            self.device_law = device_law(speedup)
         hosts = defaultdict(set)
         for w in workers:
             if self.cluster.devices[w].host:

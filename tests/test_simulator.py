@@ -253,3 +253,55 @@ def test_host_contention_shares_the_processor_only_while_actions_overlap():
     apart = [Device("a", host="h1"), Device("b", host="h2")]
     assert metrics(simulate(prof, plan, Cluster(apart, host_contention=0.5))).iteration_time_s == (
         pytest.approx(metrics(simulate(prof, plan)).iteration_time_s))
+
+
+def _one_gpu(n: int, speedup: tuple[float, ...]) -> Cluster:
+    return Cluster([Device(f"w{i}", physical="gpu") for i in range(n)],
+                   device_sharing="concurrent", device_speedup=speedup)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_streams_that_never_slow_each_other_act_like_separate_devices(schedule):
+    prof = uniform_profile(4)
+    plan = Plan([1, 1, 1, 1], 8, 8, checkpoint="never", schedule=schedule)
+    shared = metrics(simulate(prof, plan, _one_gpu(4, (1, 2, 3, 4))))
+    apart = metrics(simulate(prof, plan))
+    assert shared.iteration_time_s == pytest.approx(apart.iteration_time_s, abs=1e-9)
+    assert shared.bubble == pytest.approx(apart.bubble, abs=1e-9)
+
+
+def test_a_saturated_device_conserves_work_while_streams_overlap():
+    # two streams at speedup 1: overlapping actions each run at half speed, so the device
+    # does one second of work a second, never more -- and is never idle with work pending
+    prof = uniform_profile(2)
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    trace = simulate(prof, plan, _one_gpu(2, (1, 1)))
+    f = trace.actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(0, 0), "end"] == pytest.approx(1.0)  # alone: full speed
+    assert f.loc[(0, 1), "end"] == pytest.approx(3.0)  # with stage 1's F0: half speed
+    assert f.loc[(1, 0), "end"] == pytest.approx(3.0)
+    total = 2 * 2 * (F + B)  # all the work of both stages, one sample each micro-batch
+    assert metrics(trace).iteration_time_s == pytest.approx(total)
+
+
+def test_speedup_from_the_profile_reads_the_size_scaling():
+    from pipesim.contention import speedup_from_scaling
+
+    flat = speedup_from_scaling(lambda b: 1.0, 4, 3)  # launch-bound: size costs nothing
+    assert flat == [1.0, 2.0, 3.0]
+    linear = speedup_from_scaling(lambda b: 0.5 * b, 4, 3)  # saturated: time ~ size
+    assert linear == [1.0, 1.0, 1.0]
+    assert speedup_from_scaling(lambda b: 1 + b, 2, 2) == [1.0, pytest.approx(2 * 3 / 5)]
+
+
+def test_device_sharing_is_validated_and_round_trips(tmp_path):
+    from pipesim.errors import ClusterError
+
+    with pytest.raises(ClusterError, match="device_sharing"):
+        Cluster([Device("a")], device_sharing="sometimes")
+    with pytest.raises(ClusterError, match=r"device_speedup\[k-1\]"):
+        Cluster([Device("a")], device_sharing="concurrent", device_speedup=(1.0, 2.5))
+    c = _one_gpu(2, (1.0, 1.3))
+    back = Cluster.load(c.save(tmp_path / "c.json"))
+    assert back.device_sharing == "concurrent" and back.device_speedup == (1.0, 1.3)
+    assert Cluster.shared_gpu(2).device_sharing == "concurrent"

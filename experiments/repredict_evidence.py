@@ -1,0 +1,160 @@
+"""Re-predict every recorded GPU and 16-core run from its own profile and calibration.
+
+The GPU check anyone can run without a GPU.  Sources, under
+``../shared/evidence/h100-2026-11-22/`` (or ``--evidence DIR``):
+
+* ``traces/<model>_<dtype>/``: 12 plans each with the measured Trace (iteration time and
+  bubble), its ``profile.csv`` and ``cluster.json``;
+* ``grid_2stages/validation_gpu.csv``: 240 plans (gpt, mlp x fp32, bf16; two stages as
+  threads on one H100), profiles and calibration beside it;
+* ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations.
+
+Each plan is predicted under every model variant (an ablation: one mechanism added at a
+time) and the table prints median and max |error| of iteration time (and bubble where a
+trace exists) per source, model and dtype.  Nothing is fitted to these plans: every
+number comes from the recorded profile and the calibration measured beside it.  The bf16
+runs were recorded with fresh worker threads each step (a defect of that executor: a
+thread's first bf16 matmul pays tens of ms), so they are reported apart and that defect
+is not modelled.
+
+    python experiments/repredict_evidence.py [--evidence DIR]
+Writes experiments/results/repredict_evidence.csv (one row per plan and variant) and
+repredict_evidence_summary.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import numpy as np
+import pandas as pd
+
+from experiments.common import write_results
+from pipesim.cluster import Cluster
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import Trace, metrics
+
+EVIDENCE = ROOT.parent / "shared" / "evidence" / "h100-2026-11-22"
+
+#: variant name -> how it changes the recorded cluster (one mechanism at a time)
+VARIANTS: dict[str, Callable[[Cluster], Cluster]] = {
+    # what the runs were predicted with: workers on one GPU take turns
+    "recorded": lambda c: dataclasses.replace(c, device_sharing="serial"),
+    # + streams of one GPU run concurrently, law read off the profile's size scaling
+    "concurrent_streams": lambda c: dataclasses.replace(c, device_sharing="concurrent"),
+}
+
+
+def _plan(d: dict) -> Plan:
+    return Plan(d["balance"], d["chunks"], d["batch_size"], checkpoint=d["checkpoint"],
+                schedule=d["schedule"], placement=d.get("placement"),
+                virtual_stages=d.get("virtual_stages", 1), optimizer=d.get("optimizer", "sgd"))
+
+
+def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
+    m = metrics(simulate(profile, plan, cluster, track_memory=False))
+    return m.iteration_time_s, m.mean_bubble
+
+
+def traces(evidence: Path) -> list[dict]:
+    """Rows for the recorded traces: measured iteration and bubble, predicted per variant."""
+    rows = []
+    for folder in sorted((evidence / "traces").iterdir()):
+        if not folder.is_dir():
+            continue
+        model, dtype = folder.name.split("_")
+        profile = Profile.load(folder / "profile.csv")
+        cluster = Cluster.load(folder / "cluster.json")
+        for run in sorted(p for p in folder.iterdir() if p.is_dir()):
+            measured = Trace.load(run, "measured")
+            plan = _plan(measured.meta["plan"])
+            meas = metrics(measured)
+            for variant, change in VARIANTS.items():
+                it, bubble = _predict(profile, plan, change(cluster))
+                rows.append({"source": "traces", "model": model, "dtype": dtype, "plan": run.name,
+                             "variant": variant, "predicted_ms": it * 1e3,
+                             "measured_ms": meas.iteration_time_s * 1e3,
+                             "bubble_pred": bubble, "bubble_meas": meas.mean_bubble})
+    return rows
+
+
+def grid_2stages(evidence: Path) -> list[dict]:
+    """Rows for the 240-plan GPU grid (iteration times only: no traces were kept)."""
+    folder = evidence / "grid_2stages"
+    table = pd.read_csv(folder / "validation_gpu.csv")
+    cluster = Cluster.load(folder / "calibration_2stages.json")
+    rows = []
+    for (label, dtype), part in table.groupby(["model", "dtype"]):
+        model = label.split("/")[0]
+        profile = Profile.load(folder / f"profile_{model}_{dtype}.csv")
+        for r in part.itertuples():
+            plan = Plan([int(b) for b in r.balance.split(",")], int(r.chunks), 32,
+                        checkpoint=r.checkpoint, schedule=r.schedule, optimizer="sgd")
+            for variant, change in VARIANTS.items():
+                it, bubble = _predict(profile, plan, change(cluster))
+                rows.append({"source": "grid_2stages", "model": model, "dtype": dtype,
+                             "plan": plan.label(), "variant": variant, "predicted_ms": it * 1e3,
+                             "measured_ms": r.measured_ms, "bubble_pred": bubble,
+                             "bubble_meas": r.bubble_meas})
+    return rows
+
+
+def cpu16(evidence: Path) -> list[dict]:
+    """Rows for the 16-core runs (4 stages complete, 8 stages as far as the log goes)."""
+    folder = evidence / "cpu16"
+    table = pd.read_csv(folder / "validation_cpu_4_and_8stages_from_log.csv")
+    rows = []
+    for (stages, model), part in table.groupby(["stages", "model"]):
+        profile = Profile.load(folder / f"profile_cpu_{stages}stages_{model}.csv")
+        cluster = Cluster.load(folder / f"calibration_cpu_{stages}stages.json")
+        for r in part.itertuples():
+            plan = Plan([int(b) for b in r.balance.split(",")], int(r.chunks), 32,
+                        checkpoint=r.ckpt, schedule=r.sched, optimizer="sgd")
+            for variant, change in VARIANTS.items():
+                it, bubble = _predict(profile, plan, change(cluster))
+                rows.append({"source": f"cpu16_{stages}ranks", "model": model, "dtype": "float32",
+                             "plan": plan.label(), "variant": variant, "predicted_ms": it * 1e3,
+                             "measured_ms": r.meas, "bubble_pred": bubble,
+                             "bubble_meas": np.nan})
+    return rows
+
+
+def summarise(table: pd.DataFrame) -> pd.DataFrame:
+    t = table.assign(err=100 * (table.predicted_ms / table.measured_ms - 1),
+                     bubble_err=(table.bubble_pred - table.bubble_meas).abs())
+    out = t.groupby(["source", "model", "dtype", "variant"], sort=False).agg(
+        plans=("err", "size"), median_abs_err_pct=("err", lambda e: e.abs().median()),
+        max_abs_err_pct=("err", lambda e: e.abs().max()),
+        median_signed_err_pct=("err", "median"),
+        median_abs_bubble_err=("bubble_err", "median"))
+    return out.reset_index()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--evidence", type=Path, default=EVIDENCE)
+    ap.add_argument("--sources", default="traces,grid_2stages,cpu16")
+    args = ap.parse_args()
+    rows: list[dict] = []
+    for source in args.sources.split(","):
+        rows += {"traces": traces, "grid_2stages": grid_2stages, "cpu16": cpu16}[source](args.evidence)
+    table = pd.DataFrame(rows)
+    summary = summarise(table)
+    with pd.option_context("display.width", 160, "display.max_rows", 200):
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    meta = {"evidence": str(args.evidence), "variants": list(VARIANTS)}
+    write_results("repredict_evidence", table, meta)
+    write_results("repredict_evidence_summary", summary, meta)
+
+
+if __name__ == "__main__":
+    main()

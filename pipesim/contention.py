@@ -1,0 +1,131 @@
+"""Contention: how actions that run at the same time on one resource slow each other.
+
+The simulator's engine (:mod:`pipesim.simulator`) decides *when* an action may start; this
+module decides *how fast* it then progresses while others share its resource.  Two
+resources are shared this way:
+
+* a **host** (CPU processes of one machine: memory bandwidth, caches, communication
+  threads), law :func:`host_law`;
+* a **device whose streams run kernels concurrently** (several pipeline workers on one
+  GPU), law :func:`device_law`.
+
+Both are *processor sharing*: while ``k`` actions run on the resource, each progresses at
+``rate(k)`` seconds of work per second (``rate(1) == 1``).  An action of ``w`` seconds of
+work that shares the resource half of its life with another one lasts longer than ``w``
+but less than the two run back to back whenever ``k * rate(k) > 1``::
+
+    alone:      A |==========|                    B |==========|
+    sharing:    A |=====-----------|              k * rate(k) = 1.2 for k = 2:
+                B      |-----------=====|         the pair ends 0.8x as late as in turn
+
+The interface to the engine is one call, :meth:`ProcessorSharing.run` (an event that
+fires when the work is done), so a new law needs no change in the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import simpy
+
+#: rate(k): seconds of work done per second by each of ``k`` actions running together
+RateLaw = Callable[[int], float]
+
+
+def host_law(contention: float) -> RateLaw:
+    """Each of ``k`` actions on one host runs at ``1 / (1 + contention * (k - 1))``.
+
+    ``contention`` is what one more busy neighbour costs (0.05: 5% slower), measured by
+    ``executor.calibrate`` with processes computing alone and together.
+    """
+    return lambda k: 1.0 / (1.0 + contention * (k - 1))
+
+
+def device_law(speedup: Sequence[float]) -> RateLaw:
+    """Kernels of ``k`` streams on one device: together they run ``speedup[k-1]`` times as
+    fast as one stream alone (``speedup[0] == 1``), so each at ``speedup[k-1] / k``.
+
+    ``speedup`` beyond its length repeats its last value (a saturated device).  A device
+    that one stream saturates has speedup 1 (the streams take turns, in effect); one that
+    a single stream leaves mostly idle (small kernels, launch-bound layers) approaches k.
+    """
+    table = [1.0, *(float(s) for s in speedup[1:])]
+    if any(not 1.0 <= s <= k + 1 for k, s in enumerate(table)):
+        raise ValueError(f"device speedup must lie in [1, k] for k streams, got {list(speedup)}")
+
+    def rate(k: int) -> float:
+        return table[min(k, len(table)) - 1] / k
+
+    return rate
+
+
+def speedup_from_scaling(time_at: Callable[[float], float], size: float, streams: int) -> list[float]:
+    """Concurrency law of a device measured by its own size scaling (see :func:`device_law`).
+
+    ``k`` streams each running micro-batches of ``size`` samples keep the device as busy
+    as one stream running ``k * size``: the device's idle share at ``size`` is what a second
+    stream can fill.  So ``speedup[k-1] = k * time_at(size) / time_at(k * size)``, clamped
+    to [1, k] (``time_at``: seconds of the work at a micro-batch size).  This reads the
+    law off a profile; a direct measurement (two streams at once against one) replaces it
+    where one is available.
+    """
+    base = time_at(size)
+    out = [1.0]
+    for k in range(2, streams + 1):
+        together = time_at(k * size)
+        s = k * base / together if together > 0 else 1.0
+        out.append(min(max(s, 1.0), float(k)))
+    return out
+
+
+class ProcessorSharing:
+    """A resource shared by the actions running on it, each at ``law(k)`` (see module doc).
+
+    Each running action has work left (seconds at full speed); all progress at the same
+    rate, which changes whenever an action starts or ends, so one timer -- to the next
+    completion -- is kept and rebuilt on every change.
+    """
+
+    def __init__(self, env: simpy.Environment, law: RateLaw):
+        self.env, self.law = env, law
+        self.work: dict[simpy.Event, float] = {}
+        self.last = 0.0
+        self.timer = 0  # generation of the pending timer: older ones are ignored
+
+    def _rate(self) -> float:
+        return self.law(len(self.work)) if self.work else 1.0
+
+    def _advance(self) -> None:
+        now = self.env.now
+        done = (now - self.last) * self._rate()
+        for ev in self.work:
+            self.work[ev] -= done
+        self.last = now
+
+    def _schedule(self) -> None:
+        self.timer += 1
+        if not self.work:
+            return
+        generation = self.timer
+        delay = max(min(self.work.values()), 0.0) / self._rate()
+        self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
+
+    def _expire(self, generation: int) -> None:
+        if generation != self.timer:
+            return
+        self._advance()
+        for ev in [e for e, w in self.work.items() if w <= 1e-12]:
+            del self.work[ev]
+            ev.succeed()
+        self._schedule()
+
+    def run(self, seconds: float) -> simpy.Event:
+        """An event that fires when ``seconds`` of work is done at the shared rate."""
+        self._advance()
+        ev = self.env.event()
+        self.work[ev] = seconds
+        self._schedule()
+        return ev
+
+
+__all__ = ["ProcessorSharing", "RateLaw", "device_law", "host_law", "speedup_from_scaling"]
