@@ -8,7 +8,8 @@ layers before them (so a layer sees real activations, not random ones), in train
 Layer ``i`` is timed alone on a detached copy of ``y_{i-1}``: forward, then backward from
 a random output gradient (the last layer's forward includes the loss and its backward
 starts from the loss, as on a pipeline's last stage).  Times are medians over
-``repeats`` after ``warmup`` runs, with CUDA events on GPU.  Bytes come from autograd's
+``repeats`` after ``warmup`` runs, with CUDA events on GPU (and the host seconds of the
+issuing call beside them), and again inside ``torch.utils.checkpoint``.  Bytes come from autograd's
 saved-tensor hooks, each storage counted once, parameters excluded.
 """
 
@@ -22,12 +23,13 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
 from executor.skip import SkipTracker, check_skips, use_tracker
 from executor.timing import Stopwatch, synchronize
-from pipesim.profile import COLUMNS, Profile
+from pipesim.profile import COLUMNS, OPTIONAL_COLUMNS, Profile
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -111,11 +113,14 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None =
 
 def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
                target: torch.Tensor, grads: list[torch.Tensor | None],
-               device: torch.device) -> list[tuple[float, float]]:
+               device: torch.device, checkpointed: bool) -> list[dict[str, float]]:
     """One pass over all layers: each layer's forward then its backward, timed alone.
 
     The first layer's input is data (no gradient), as on a pipeline's first stage.
-    Returns ``(forward seconds, backward seconds)`` per layer.
+    Returns per layer the time columns of the profile: device seconds (``fwd_s``,
+    ``bwd_s``), host seconds of the issuing calls (``host_*``) and, if ``checkpointed``,
+    the same layer run inside ``torch.utils.checkpoint`` as the executor runs a
+    checkpointed stage (``ckpt_fwd_s``; ``ckpt_bwd_s`` recomputes, then back-propagates).
     """
     times = []
     for i, layer in enumerate(layers):
@@ -123,27 +128,46 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
         x = x.detach()
         if i > 0 and x.is_floating_point():
             x.requires_grad_(True)
+        grad = None if last else grads[i]
         fwd, bwd = Stopwatch(device), Stopwatch(device)
         synchronize(device)
         with fwd.region():
             y = layer(x)
             out = loss_fn(y, target) if last else y
+        row = {"fwd_s": fwd.elapsed()[0], "host_fwd_s": fwd.host_elapsed()[0],
+               "bwd_s": 0.0, "host_bwd_s": 0.0}
         if out.requires_grad:
             with bwd.region():
-                _backward(out, None if last else grads[i])
-        times.append((fwd.elapsed()[0], bwd.elapsed()[0] if out.requires_grad else 0.0))
+                _backward(out, grad)
+            row.update(bwd_s=bwd.elapsed()[0], host_bwd_s=bwd.host_elapsed()[0])
+        if checkpointed:
+            cf, cb = Stopwatch(device), Stopwatch(device)
+            synchronize(device)
+            with cf.region():
+                z = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=True)
+                out = loss_fn(z, target) if last else z
+            row["ckpt_fwd_s"], row["ckpt_bwd_s"] = cf.elapsed()[0], 0.0
+            if out.requires_grad:
+                with cb.region():
+                    _backward(out, grad)
+                row["ckpt_bwd_s"] = cb.elapsed()[0]
+        times.append(row)
         x = y
     return times
 
 
 def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
                 target: torch.Tensor, grad: torch.Tensor | None,
-                device: torch.device) -> tuple[float, float]:
-    """Forward and backward seconds of the whole model on ``x`` (data: no input gradient)."""
+                device: torch.device, checkpointed: bool = False) -> tuple[float, float]:
+    """Forward and backward seconds of the whole model on ``x`` (data: no input gradient);
+    with ``checkpointed``, the model run as one ``torch.utils.checkpoint`` call."""
     fwd, bwd = Stopwatch(device), Stopwatch(device)
     synchronize(device)
     with fwd.region():
-        out = model(x.detach())
+        if checkpointed:
+            out = checkpoint(model, x.detach(), use_reentrant=False, preserve_rng_state=True)
+        else:
+            out = model(x.detach())
         if loss_fn is not None:
             out = loss_fn(out, target)
     with bwd.region():
@@ -155,7 +179,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
-            meta: dict | None = None) -> Profile:
+            checkpointed: bool = True, meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
     ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
@@ -164,8 +188,11 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
 
     Repetitions are whole passes over the layers rather than back-to-back runs of one
     layer: on a shared, noisy machine a burst of load then spreads over every layer's
-    samples instead of inflating one layer's median.  Returns a :class:`pipesim.Profile`;
-    ``meta`` adds to its metadata.
+    samples instead of inflating one layer's median.  ``checkpointed`` also times every
+    layer inside ``torch.utils.checkpoint`` (the optional ``ckpt_*`` columns; about 1.6x
+    the profiling time), since a checkpointed stage pays the checkpoint's hooks, which
+    launch-bound layers feel most.  Returns a :class:`pipesim.Profile`; ``meta`` adds to
+    its metadata.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -210,25 +237,29 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                     model(x0)
                 for skip in skips:
                     skip["bytes"][str(b)] = tensor_bytes(tracker.stashed[skip["name"]])
-            samples: list[list[tuple[float, float]]] = []
-            whole: list[tuple[float, float]] = []
+            samples: list[list[dict[str, float]]] = []
+            whole: list[tuple[float, ...]] = []
             for p in range(warmup + repeats):
-                times = _time_pass(layers, x0, loss_fn, target, grads, device)
+                times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed)
                 w = _time_whole(model, x0, loss_fn, target, grads[-1], device)
+                if checkpointed:
+                    w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
                 if p >= warmup:
                     samples.append(times)
                     whole.append(w)
                 bar.update(1)
-            whole_model[str(b)] = {"fwd_s": statistics.median(t[0] for t in whole),
-                                   "bwd_s": statistics.median(t[1] for t in whole)}
+            keys = ("fwd_s", "bwd_s", "ckpt_fwd_s", "ckpt_bwd_s")[:len(whole[0])]
+            whole_model[str(b)] = {k: statistics.median(t[i] for t in whole)
+                                   for i, k in enumerate(keys)}
             for i, layer in enumerate(layers):
                 row = byte_rows[i]
-                row["fwd_s"] = statistics.median(t[i][0] for t in samples)
-                row["bwd_s"] = statistics.median(t[i][1] for t in samples)
+                for column in samples[0][i]:
+                    row[column] = statistics.median(t[i][column] for t in samples)
                 rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
     bar.close()
     model.zero_grad(set_to_none=True)
-    table = pd.DataFrame(rows)[list(COLUMNS)]
+    table = pd.DataFrame(rows)
+    table = table[list(COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in table.columns]]
     info = {
         "device": str(device),
         "device_name": device_name(device),

@@ -27,7 +27,7 @@ class Stopwatch:
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
-        self._cpu: list[float] = []
+        self._cpu: list[float] = []  # host seconds of every region (on CPU: the time)
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
 
     @contextmanager
@@ -35,13 +35,20 @@ class Stopwatch:
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t0 = time.perf_counter()
             yield
+            self._cpu.append(time.perf_counter() - t0)
             end.record()
             self._events.append((start, end))
         else:
             t0 = time.perf_counter()
             yield
             self._cpu.append(time.perf_counter() - t0)
+
+    def host_elapsed(self) -> list[float]:
+        """Host seconds of every region: how long the Python call took to issue the work
+        (no synchronisation inside).  On CPU the same as :meth:`elapsed`."""
+        return list(self._cpu)
 
     def elapsed(self) -> list[float]:
         """Seconds of every region so far, in order."""

@@ -14,6 +14,7 @@ Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and fi
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import os
@@ -34,7 +35,13 @@ from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
-from experiments.validation import grid, predict_and_measure, replay_error, summarise
+from experiments.validation import (
+    grid,
+    predict_and_measure,
+    replay_error,
+    summarise,
+    without_checkpoint_costs,
+)
 from pipesim.plot import scatter_predicted_measured
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
@@ -86,7 +93,9 @@ def main() -> None:
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 
-        table, traces = predict_and_measure(prof, plans, cluster, measure, name)
+        ablations = {"no_ckpt_cost": (without_checkpoint_costs(prof), cluster),
+                     "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
+        table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
         tables.append(table)
         for plan, trace in list(zip(plans, traces, strict=True))[:: max(1, len(plans) // 6)]:
             replays.append({"model": name, "plan": plan.label(),
@@ -96,6 +105,10 @@ def main() -> None:
     table = pd.concat(tables, ignore_index=True)
     replay = pd.DataFrame(replays)
     summary = summarise(table)
+    for col in [c for c in table.columns if c.startswith("predicted_ms_")]:
+        err = (100 * (table[col] / table.measured_ms - 1)).abs()
+        summary[f"ablation_{col[len('predicted_ms_'):]}"] = {
+            "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max())}
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,

@@ -44,8 +44,19 @@ def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
             for c in chunks if c <= batch for k in checkpoints for s in schedules]
 
 
+def without_checkpoint_costs(profile: Profile) -> Profile:
+    """``profile`` without its ``ckpt_*`` columns: checkpointing then costs one more
+    forward and nothing else (the model before those columns; for ablations)."""
+    table = profile.table.drop(columns=["ckpt_fwd_s", "ckpt_bwd_s"], errors="ignore")
+    return Profile(table, profile.meta, profile.source)
+
+
 def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
-                        measure: Measure, label: str) -> tuple[pd.DataFrame, list[Trace]]:
+                        measure: Measure, label: str,
+                        ablations: dict[str, tuple[Profile, Cluster]] | None = None,
+                        ) -> tuple[pd.DataFrame, list[Trace]]:
+    """Run ``plans``, predict each; ``ablations`` (name -> profile, cluster) add a column
+    ``predicted_ms_NAME`` each: the same plan predicted with one mechanism taken out."""
     measured = measure(plans)
     rows = []
     for plan, trace in zip(plans, measured, strict=True):
@@ -65,6 +76,8 @@ def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
             "peak_pred_bytes": it.loc["peak_memory_bytes", "predicted"],
             "peak_meas_bytes": it.loc["peak_memory_bytes", "measured"],
             "action_duration_error_pct": 100 * cmp.actions["duration_rel_error"].median(),
+            **{f"predicted_ms_{name}": 1e3 * metrics(simulate(p, plan, c, track_memory=False))
+               .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
     return pd.DataFrame(rows), measured
 

@@ -55,8 +55,10 @@ class PlanCosts:
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
                     cache[key] = StageCost(
-                        fwd_s=span.fwd_s,
-                        bwd_s=span.bwd_s,
+                        # a checkpointed forward pays the checkpoint's own cost (hooks,
+                        # random state) and so does its backward, beside recomputing
+                        fwd_s=span.fwd_s + (span.ckpt_fwd_extra_s if ckpt else 0.0),
+                        bwd_s=span.bwd_s + (span.ckpt_bwd_extra_s if ckpt else 0.0),
                         recompute_s=span.fwd_s if ckpt else 0.0,
                         input_bytes=span.input_bytes,
                         output_bytes=span.output_bytes,

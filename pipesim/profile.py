@@ -21,6 +21,19 @@ Columns (units):
 ``param_bytes``     int     bytes of the layer's parameters (and buffers)
 =================== ======= =====================================================
 
+Optional columns (profiles without them still load; the simulator then falls back):
+
+=================== ======= =====================================================
+``host_fwd_s``      float   seconds the host spent issuing the forward (no synchronise);
+``host_bwd_s``      float   ... the backward.  On CPU they equal ``fwd_s``/``bwd_s``; on a
+                            GPU a layer whose host time reaches its device time is
+                            launch-bound (its device time then includes the launch gaps)
+``ckpt_fwd_s``      float   forward seconds inside ``torch.utils.checkpoint`` (its hooks
+                            and random-state bookkeeping included)
+``ckpt_bwd_s``      float   backward seconds of a checkpointed forward: recomputation,
+                            then the backward
+=================== ======= =====================================================
+
 On disk a Profile is ``NAME.csv`` (the table) beside ``NAME.json`` (the metadata), both
 readable without pipesim.  Loading validates everything and fixes nothing.
 
@@ -61,6 +74,13 @@ COLUMNS: dict[str, str] = {
     "saved_output_bytes": "int",
     "param_bytes": "int",
 }
+#: Optional float columns, validated when present.
+OPTIONAL_COLUMNS: dict[str, str] = {
+    "host_fwd_s": "float",
+    "host_bwd_s": "float",
+    "ckpt_fwd_s": "float",
+    "ckpt_bwd_s": "float",
+}
 _TIME_COLUMNS = ("fwd_s", "bwd_s")
 _BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
 
@@ -77,6 +97,11 @@ class LayerCost:
     #: once: the internal saved tensors, the input if saved, and the output.
     stash_bytes: float
     param_bytes: float
+    #: what ``torch.utils.checkpoint`` adds over ``fwd_s`` to the forward, and over
+    #: ``fwd_s + bwd_s`` (recomputation and backward) to the backward; 0 when the
+    #: profile did not measure it
+    ckpt_fwd_extra_s: float = 0.0
+    ckpt_bwd_extra_s: float = 0.0
 
 
 @dataclass
@@ -115,7 +140,13 @@ class Profile:
         """column -> array [n_layers, n_sizes] sorted by layer then size."""
         t = self.table.sort_values(["layer", "micro_batch"])
         n, k = self.n_layers, len(self.micro_batch_sizes)
-        return {c: t[c].to_numpy(dtype=float).reshape(n, k) for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+        return {c: t[c].to_numpy(dtype=float).reshape(n, k)
+                for c in _TIME_COLUMNS + _BYTE_COLUMNS + self.optional_columns}
+
+    @cached_property
+    def optional_columns(self) -> tuple[str, ...]:
+        """The optional columns (see the module docstring) this profile has."""
+        return tuple(c for c in OPTIONAL_COLUMNS if c in self.table.columns)
 
     # ------------------------------------------------------------ interpolate
     def _weights(self, micro_batch: float, extrapolate: bool) -> tuple[int, int, float]:
@@ -146,7 +177,7 @@ class Profile:
         cache = self.__dict__.setdefault("_at_cache", {})
         if key not in cache:
             cache[key] = {c: self._column_at(c, micro_batch, extrapolate)
-                          for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+                          for c in _TIME_COLUMNS + _BYTE_COLUMNS + self.optional_columns}
         return cache[key]
 
     def column_at(self, column: str, micro_batch: float, *, extrapolate: bool = False) -> np.ndarray:
@@ -197,12 +228,25 @@ class Profile:
         # gradient that arrives from the next stage), saved or not.
         stash = saved.sum() - shared - s_out[-1] + cols["output_bytes"][-1]
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
+        share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
         excess = self.isolation_excess(micro_batch, extrapolate=extrapolate)
-        if excess is not None and self.n_layers > 1:
-            share = (stop - first - 1) / (self.n_layers - 1)
+        if excess is not None:
             # never remove more than half of a span's time: a guard against a noisy whole
             fwd_s = max(fwd_s - share * excess[0], fwd_s / 2)
             bwd_s = max(bwd_s - share * excess[1], bwd_s / 2)
+        ckpt_fwd = ckpt_bwd = 0.0
+        if "ckpt_fwd_s" in cols and "ckpt_bwd_s" in cols:
+            # what the checkpoint adds: its entry (random state, hooks set-up) once per
+            # call, and a hook per saved tensor.  Per layer, each layer paid an entry; a
+            # stage pays one, so the same (k-1)/(L-1) share of the excess over the whole
+            # model checkpointed as one call is removed as for the plain times.
+            ckpt_fwd = float((cols["ckpt_fwd_s"] - cols["fwd_s"]).sum())
+            ckpt_bwd = float((cols["ckpt_bwd_s"] - cols["fwd_s"] - cols["bwd_s"]).sum())
+            ck = self.isolation_excess(micro_batch, extrapolate=extrapolate, checkpointed=True)
+            if ck is not None:
+                ckpt_fwd -= share * ck[0]
+                ckpt_bwd -= share * ck[1]
+            ckpt_fwd, ckpt_bwd = max(ckpt_fwd, 0.0), max(ckpt_bwd, 0.0)
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,
@@ -210,13 +254,17 @@ class Profile:
             output_bytes=float(cols["output_bytes"][-1]),
             stash_bytes=float(stash),
             param_bytes=float(cols["param_bytes"].sum()),
+            ckpt_fwd_extra_s=ckpt_fwd,
+            ckpt_bwd_extra_s=ckpt_bwd,
         )
 
-    def isolation_excess(self, micro_batch: float, *,
-                         extrapolate: bool = False) -> tuple[float, float] | None:
+    def isolation_excess(self, micro_batch: float, *, extrapolate: bool = False,
+                         checkpointed: bool = False) -> tuple[float, float] | None:
         """Seconds by which the per-layer sums exceed the whole model (fwd, bwd), or None.
 
-        Interpolated linearly between measured sizes, from ``meta["whole_model"]``.
+        Interpolated linearly between measured sizes, from ``meta["whole_model"]``.  With
+        ``checkpointed``, the same for what the checkpoint adds (the ``ckpt_*`` columns
+        less the plain ones, against ``whole_model[size]["ckpt_fwd_s"/"ckpt_bwd_s"]``).
         """
         whole = self.meta.get("whole_model")
         if not whole:
@@ -224,13 +272,25 @@ class Profile:
         sizes = sorted(int(k) for k in whole)
         if sizes != list(self.micro_batch_sizes):
             return None
-        key = ("_excess", float(micro_batch), extrapolate)
+        if checkpointed and not (
+                "ckpt_fwd_s" in self.optional_columns
+                and all("ckpt_fwd_s" in whole[str(b)] for b in sizes)):
+            return None
+        key = ("_excess", float(micro_batch), extrapolate, checkpointed)
         cache = self.__dict__.setdefault("_at_cache", {})
         if key not in cache:
             lo, hi, w = self._weights(micro_batch, extrapolate)
-            grid_f, grid_b = self._grid["fwd_s"].sum(axis=0), self._grid["bwd_s"].sum(axis=0)
+            g = self._grid
+            grid_f, grid_b = g["fwd_s"].sum(axis=0), g["bwd_s"].sum(axis=0)
             ex_f = [grid_f[i] - whole[str(b)]["fwd_s"] for i, b in enumerate(sizes)]
             ex_b = [grid_b[i] - whole[str(b)]["bwd_s"] for i, b in enumerate(sizes)]
+            if checkpointed:  # the checkpoint's extra, per layer summed, less the whole's
+                ck_f = g["ckpt_fwd_s"].sum(axis=0) - grid_f
+                ck_b = g["ckpt_bwd_s"].sum(axis=0) - grid_f - grid_b
+                ex_f = [ck_f[i] - (whole[str(b)]["ckpt_fwd_s"] - whole[str(b)]["fwd_s"])
+                        for i, b in enumerate(sizes)]
+                ex_b = [ck_b[i] - (whole[str(b)]["ckpt_bwd_s"] - whole[str(b)]["fwd_s"]
+                                   - whole[str(b)]["bwd_s"]) for i, b in enumerate(sizes)]
             if lo == hi:
                 scale = micro_batch / sizes[0]
                 cache[key] = (ex_f[0] * scale, ex_b[0] * scale)
@@ -276,7 +336,7 @@ class Profile:
         """Write ``path`` (.csv) and its metadata beside it (.json); returns the CSV path."""
         csv_path = Path(path).with_suffix(".csv")
         csv_path.parent.mkdir(parents=True, exist_ok=True)
-        self.table[list(COLUMNS)].to_csv(csv_path, index=False)
+        self.table[list(COLUMNS) + list(self.optional_columns)].to_csv(csv_path, index=False)
         csv_path.with_suffix(".json").write_text(json.dumps(self.meta, indent=2, default=str))
         return csv_path
 
@@ -356,8 +416,10 @@ def validate_table(table: pd.DataFrame, source: str = "<memory>") -> pd.DataFram
     if len(table) == 0:
         raise ProfileError(f"{source}: the profile has no rows")
     table = table.reset_index(drop=True)
-    out = pd.DataFrame({c: _convert(table, c, k, source) for c, k in COLUMNS.items()})
-    for column in _TIME_COLUMNS + _BYTE_COLUMNS + ("layer", "micro_batch"):
+    kinds = {**COLUMNS, **{c: k for c, k in OPTIONAL_COLUMNS.items() if c in table.columns}}
+    out = pd.DataFrame({c: _convert(table, c, k, source) for c, k in kinds.items()})
+    optional = tuple(c for c in OPTIONAL_COLUMNS if c in out.columns)
+    for column in _TIME_COLUMNS + optional + _BYTE_COLUMNS + ("layer", "micro_batch"):
         values = out[column].to_numpy(dtype=float)
         bad = ~np.isfinite(values)
         if bad.any():

@@ -80,7 +80,7 @@ class _Send(NamedTuple):
     link: tuple[int, int] | None  # (src, dst) worker pair, None for a hand-over
     seconds: float  # link occupancy: overhead + bytes / bandwidth
     latency_s: float
-    nbytes: float
+    nbytes: float  # exact (interpolated) bytes: what is allocated is what is freed
     src_device: str
     dst_device: str  # "" when the hand-over needs no new memory
     resource: str  # the link's name in the trace, "dev0->dev1"
@@ -127,19 +127,20 @@ class _Run:
 
     def _send(self, src: int, stage: int, mb: int, send: _Send) -> None:
         index = send.event + 2 * mb
-        now = self.env.now
-        if send.link is None:
-            self._arrive(index, now)
-            return
-        # The link is busy while the bytes stream (one transfer at a time per direction);
-        # latency only delays the arrival, so back-to-back sends pipeline.
-        start = max(now, self.link_free[send.link])
-        self.link_free[send.link] = start + send.seconds
-        end = start + send.seconds + send.latency_s
-        self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
-                          self.origin + end, send.nbytes, send.resource))
+        now = end = self.env.now
+        if send.link is not None:
+            # The link is busy while the bytes stream (one transfer at a time per
+            # direction); latency only delays the arrival, so back-to-back sends pipeline.
+            start = max(now, self.link_free[send.link])
+            self.link_free[send.link] = start + send.seconds
+            end = start + send.seconds + send.latency_s
+            self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
+                              self.origin + end, round(send.nbytes), send.resource))
         if send.dst_device and self.sim.track_memory:
-            if send.kind == "SEND_B":  # the sender's input-gradient buffer goes free
+            # The one memory rule of a transfer, whatever the link (a free link is an
+            # instant transfer, not a hand-over): the receiver holds a buffer from the
+            # arrival on; a gradient's buffer on the sender goes free at the same moment.
+            if send.kind == "SEND_B":
                 self.deltas.append((send.src_device, end, -send.nbytes))
             self.deltas.append((send.dst_device, end, send.nbytes))
         self._arrive(index, end)
@@ -303,26 +304,30 @@ class Simulator:
                     grads_seen.add(s)
                 key = (s, kind, id(c), first_backward)
                 if self.durations and (s, kind, mb) in self.durations:
-                    step = self._step(w, s, kind, c, first_backward, self.durations[(s, kind, mb)])
+                    step = self._step(w, s, mb, kind, c, first_backward,
+                                      self.durations[(s, kind, mb)])
                     step = self._with_skips(step, w, mb)
                 else:
                     step = cache.get(key)
                     if step is None:
                         step = cache[key] = self._with_skips(
-                            self._step(w, s, kind, c, first_backward, None), w, mb)
+                            self._step(w, s, mb, kind, c, first_backward, None), w, mb)
                 program.append((mb, step))
             self.programs.append(program)
 
-    def _step(self, w: int, s: int, kind: str, c: StageCost, first_backward: bool,
+    def _step(self, w: int, s: int, mb: int, kind: str, c: StageCost, first_backward: bool,
               measured: float | None) -> _Step:
         n, m = self.plan.n_stages, self.plan.n_microbatches
+        # One size per stage boundary, the sender's output, for the activation and its
+        # gradient alike: what one side allocates the other frees, byte for byte.
+        boundary = self.costs.cost(s - 1, mb).output_bytes if s > 0 else 0.0
         overhead = self.cluster.compute_overhead_s
         device = self.resource_of[w]
         if kind == FORWARD:
             seconds = c.fwd_s + overhead if measured is None else measured
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
             return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, 0.0, c.keep_bytes, send)
-        in_grad = c.input_bytes if s > 0 else 0.0
+        in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         alloc_start = c.recompute_bytes + in_grad + loss_grad
         if first_backward:  # gradients are allocated by the first backward
@@ -332,7 +337,7 @@ class Simulator:
         # lives on: handed to stage s-1 on this device, or freed when its send ends.
         freed = c.recompute_bytes + loss_grad + c.keep_bytes
         if s > 0 and self.resource_of[self.placement[s - 1]] != device:
-            freed += c.input_bytes
+            freed += boundary
         if s < n - 1:
             freed += c.output_bytes
         if measured is None:
@@ -340,7 +345,7 @@ class Simulator:
         else:
             seconds = measured
             recompute = min(c.recompute_s, seconds)
-        send = self._send(w, s, s - 1, "SEND_B", c.input_bytes) if s > 0 else None
+        send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
         waits = (s * m * 2 + 1,) if s < n - 1 else ()
         return _Step(s, kind, waits, seconds, recompute, alloc_start, -freed, send)
 
@@ -385,15 +390,18 @@ class Simulator:
         if event is None:
             event = dst_stage * m * 2 + (kind == "SEND_B")
         src_dev, dst_dev = self.resource_of[src], self.resource_of[dst]
+        # a buffer on the receiver unless both stages are on one physical device (a
+        # hand-over); a skip's gradient is consumed at once by the stashing stage's
+        # backward: no buffer
+        holds = dst_dev != src_dev and kind != "SEND_SB"
+        dst_memory = dst_dev if holds else ""
         link = self.cluster.link_between(src, dst) if src != dst else FREE
         over = self.cluster.transfer_overhead_s
         if src == dst or (link is FREE and not over):
-            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, "", "")
+            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, dst_memory, "")
         occupancy = over + link.seconds(nbytes) - link.latency_s
-        # a skip's gradient is consumed at once by the stashing stage's backward: no buffer
-        holds = dst_dev != src_dev and kind != "SEND_SB"
-        return _Send(kind, event, (src, dst), occupancy, link.latency_s, int(nbytes), src_dev,
-                     dst_dev if holds else "", f"dev{src}->dev{dst}")
+        return _Send(kind, event, (src, dst), occupancy, link.latency_s, nbytes, src_dev,
+                     dst_memory, f"dev{src}->dev{dst}")
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None
