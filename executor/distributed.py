@@ -34,12 +34,12 @@ from executor.ledger import MemoryLedger
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import RunResult, check_inputs, measured_meta, stage_skips
-from executor.recorder import Recorder
+from executor.recorder import Recorder, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
-from pipesim.trace import ACTION_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import MEASURED_COLUMNS, Trace, frame_from_rows
 
 #: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
 Job = Callable[[], tuple[nn.Sequential, Callable, torch.Tensor, torch.Tensor]]
@@ -111,7 +111,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         span = torch.tensor([max((r[6] for r in it_rows), default=0.0)], dtype=torch.float64)
         dist.all_reduce(span, op=dist.ReduceOp.MAX)
         if i >= warmup:
-            rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
+            rows += shift_rows(it_rows, offset)
             # times from this iteration's origin, laid end to end like the rows
             for entry in it_log:
                 t_index = 4 if entry[0] == "post" else 3  # ("post", it, key, src_stage, t, ...)
@@ -268,13 +268,13 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     for index, (plan, schedule) in enumerate(runs):
         ranks = {r: done[(r, index)] for r in range(world)}
         rows = [row for r in sorted(ranks) for row in ranks[r].rows]
-        rows += transfer_rows([m for r in ranks.values() for m in r.messages])
+        rows += shift_rows(transfer_rows([m for r in ranks.values() for m in r.messages]), 0.0)
         losses = ranks[schedule.placement[-1]].losses
         peaks = {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks} if track_memory else None
         meta = measured_meta(plan, schedule, "torch.distributed/gloo",
                              {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
                              peaks, "executor ledger (CPU)", threads_per_rank=threads_per_rank,
                              pinned=pin_cores)
-        out.append((RunResult(Trace(frame_from_rows(rows, ACTION_COLUMNS), meta=meta), losses),
+        out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), meta=meta), losses),
                     ranks))
     return out

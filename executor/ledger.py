@@ -31,12 +31,42 @@ class MemoryLedger:
             self.peak[device] = max(self.peak[device], self.level[device])
 
 
-def reset_cuda_peaks(devices: list[torch.device]) -> None:
+#: what a CUDA peak counts (the measured trace's ``meta["memory_counted"]``)
+CUDA_PEAK_COUNTS = ("allocator peak during the measured steps, less what was allocated before "
+                    "each step, plus this plan's parameters and gradients allocated before it")
+
+
+def reset_cuda_peaks(devices: list[torch.device]) -> dict[str, int]:
+    """Reset the allocator peaks; returns the bytes allocated now per CUDA device."""
+    base = {}
     for d in {d for d in devices if d.type == "cuda"}:
         torch.cuda.synchronize(d)
         torch.cuda.reset_peak_memory_stats(d)
+        base[str(d)] = int(torch.cuda.memory_allocated(d))
+    return base
 
 
-def cuda_peaks(devices: list[torch.device]) -> dict[str, int]:
-    return {str(d): int(torch.cuda.max_memory_allocated(d))
+def cuda_peaks(devices: list[torch.device], base: dict[str, int] | None = None,
+               own: dict[str, int] | None = None) -> dict[str, int]:
+    """Allocator peak per CUDA device of the run itself: ``peak - base + own``.
+
+    ``base`` is what was allocated when the step began (other models and plans of the
+    process included), ``own`` what of it is the plan's (parameters, gradients).
+    """
+    base, own = base or {}, own or {}
+    return {str(d): int(torch.cuda.max_memory_allocated(d)) - base.get(str(d), 0) + own.get(str(d), 0)
             for d in {d for d in devices if d.type == "cuda"}}
+
+
+def plan_bytes(modules: dict[torch.device, list[torch.nn.Module]]) -> dict[str, int]:
+    """Bytes of parameters, buffers and existing gradients per device (the plan's own)."""
+    out: dict[str, int] = {}
+    for device, mods in modules.items():
+        n = 0
+        for m in mods:
+            for t in [*m.parameters(), *m.buffers()]:
+                n += t.numel() * t.element_size()
+            n += sum(p.grad.numel() * p.grad.element_size() for p in m.parameters()
+                     if p.grad is not None)
+        out[str(device)] = out.get(str(device), 0) + n
+    return out

@@ -6,8 +6,11 @@
 
 Each iteration: gradients are cleared, every worker thread runs its device's action list
 (:class:`executor.stage.StageRunner`), and their timings become one measured
-:class:`pipesim.trace.Trace`.  A worker that fails stops the others (they are blocked
-at most one wait slice) and the error names its worker, stage and action.
+:class:`pipesim.trace.Trace`.  The worker threads live as long as the Pipeline
+(:mod:`executor.workers`; ``close()``, a ``with`` block or garbage collection ends them).
+A worker that fails stops the others (they are blocked at most one wait slice) and the
+error names its worker, stage and action; a step that outlives ``timeout_s`` ends with a
+``TimeoutError`` naming the workers still running.
 """
 
 from __future__ import annotations
@@ -23,17 +26,18 @@ import torch
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.ledger import MemoryLedger, cuda_peaks, reset_cuda_peaks
+from executor.ledger import CUDA_PEAK_COUNTS, MemoryLedger, cuda_peaks, plan_bytes, reset_cuda_peaks
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.recorder import Recorder
+from executor.recorder import Recorder, shift_rows
 from executor.skip import check_skips
 from executor.stage import ActionFailed, StageRunner
 from executor.transport import PipelineAborted, ThreadTransport
+from executor.workers import WorkerPool
 from pipesim.errors import PlanError
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
-from pipesim.trace import ACTION_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import MEASURED_COLUMNS, Trace, frame_from_rows
 
 
 @dataclass
@@ -111,6 +115,24 @@ class Pipeline:
         self.skips = stage_skips(module, plan)
         self._streams: dict[int, torch.cuda.Stream] = {}  # one compute stream per CUDA worker
         self.last_transport: ThreadTransport | None = None
+        self._workers: WorkerPool | None = None  # started by the first step
+
+    @property
+    def worker_threads(self) -> list[threading.Thread]:
+        """The worker threads (the same objects for every step); empty before the first."""
+        return list(self._workers.threads) if self._workers is not None else []
+
+    def close(self) -> None:
+        """Stop the worker threads; the Pipeline can still step (new threads then)."""
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+
+    def __enter__(self) -> Pipeline:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     def _stream(self, worker: int) -> torch.cuda.Stream:
         if worker not in self._streams:
@@ -136,7 +158,10 @@ class Pipeline:
         xs = scatter(inputs.to(first), self.plan)
         ys = scatter(targets.to(last), self.plan)
         transport = ThreadTransport(self.devices, self.schedule.placement, self.timeout_s)
-        reset_cuda_peaks(self.devices)
+        cuda = [d for d in self.devices if d.type == "cuda"]
+        own = plan_bytes({d: [self.stages[s] for s in range(self.plan.n_stages)
+                              if self.devices[self.schedule.placement[s]] == d] for d in set(cuda)})
+        base = reset_cuda_peaks(self.devices)
         origin = time.perf_counter()
         recorders = []
         for w, dev in enumerate(self.devices):
@@ -167,12 +192,18 @@ class Pipeline:
                 errors.append(exc)
                 transport.abort(exc)
 
-        threads = [threading.Thread(target=work, args=(w,), name=f"pipesim-worker-{w}", daemon=True)
-                   for w in range(len(self.devices))]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        if self._workers is None:
+            self._workers = WorkerPool([f"pipesim-worker-{w}" for w in range(len(self.devices))])
+        done = [self._workers.submit(w, lambda w=w: work(w)) for w in range(len(self.devices))]
+        # Bounded: transport waits time out after timeout_s, so a step that has not ended
+        # well after that has a worker stuck outside the transport (in a kernel, a hook).
+        deadline = time.monotonic() + self.timeout_s + 30.0
+        for w, d in enumerate(done):
+            if not d.wait(max(deadline - time.monotonic(), 0.0)):
+                transport.abort(TimeoutError(f"worker {w} still running"))
+                stuck = [i for i, x in enumerate(done) if not x.wait(0)]
+                raise TimeoutError(f"pipeline step did not end within {self.timeout_s + 30:.0f} s: "
+                                   f"workers {stuck} still running")
         if errors:
             first_error = errors[0]
             if isinstance(first_error, ActionFailed):
@@ -184,7 +215,7 @@ class Pipeline:
         rows = [row for rec in recorders for row in rec.rows(iteration)]
         loss = sum(runners[self.schedule.placement[-1]].losses.values())
         cpu_peaks = dict(ledger.peak) if ledger is not None else {}
-        return rows, loss, {**cpu_peaks, **cuda_peaks(self.devices)}
+        return rows, loss, {**cpu_peaks, **cuda_peaks(self.devices, base, own)}
 
     def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
             warmup: int = 2) -> RunResult:
@@ -204,15 +235,18 @@ class Pipeline:
             if i < warmup:
                 continue
             span = max(r[6] for r in it_rows)
-            rows += [(*r[:5], r[5] + offset, r[6] + offset, *r[7:]) for r in it_rows]
+            rows += shift_rows(it_rows, offset)
             offset += span
             losses.append(loss)
             for d, p in it_peaks.items():
                 peaks[d] = max(peaks.get(d, 0), p)
-        actions = frame_from_rows(rows, ACTION_COLUMNS)
-        memory_source = ("torch.cuda.max_memory_allocated" if any(
-            d.type == "cuda" for d in self.devices) else "executor ledger (CPU)")
+        actions = frame_from_rows(rows, MEASURED_COLUMNS)
+        on_cuda = any(d.type == "cuda" for d in self.devices)
+        memory_source = "torch.cuda.max_memory_allocated" if on_cuda else "executor ledger (CPU)"
         meta = measured_meta(self.plan, self.schedule, "threads",
                              {w: str(d) for w, d in enumerate(self.devices)}, iterations, warmup,
-                             losses, peaks, memory_source)
+                             losses, peaks, memory_source,
+                             memory_counted=CUDA_PEAK_COUNTS if on_cuda else
+                             "saved tensors, received inputs, outputs, parameters and gradients "
+                             "(ledger; no transients)")
         return RunResult(Trace(actions, meta=meta), losses)

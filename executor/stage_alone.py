@@ -41,6 +41,11 @@ def message_shapes(module: nn.Sequential, plan: Plan,
     stages = split_module(module, plan.balance)
     skips = stage_skips(module, plan)
     shapes: dict[tuple[int, str, int], Shape] = {}
+    # the batch goes where the model is (token ids included: an embedding on CUDA
+    # refuses CPU indices)
+    first = next(module.parameters(), None)
+    if first is not None:
+        inputs = inputs.to(first.device)
     for m, x in enumerate(scatter(inputs, plan)):
         with use_tracker(SkipTracker(retain=True)) as tracker:
             for s, stage in enumerate(stages):

@@ -21,6 +21,7 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 import time
@@ -120,8 +121,17 @@ def main() -> None:
                 def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages):
                     traces = []
                     for p in ps:
-                        pipe = Pipeline(module, p, devices=[args.device] * n_stages, loss_fn=loss_fn)
-                        traces.append(pipe.run(x, y, iterations=args.iterations, warmup=2).trace)
+                        # one pipeline at a time, its memory freed before the next plan:
+                        # peaks are the run's own (see executor.ledger.cuda_peaks)
+                        with Pipeline(module, p, devices=[args.device] * n_stages,
+                                      loss_fn=loss_fn) as pipe:
+                            traces.append(pipe.run(x, y, iterations=args.iterations,
+                                                   warmup=2).trace)
+                        module.zero_grad(set_to_none=True)
+                        del pipe
+                        gc.collect()
+                        if dev.type == "cuda":
+                            torch.cuda.empty_cache()
                     return traces
 
                 label = f"{name}/{dtype}/{n_stages}st"
@@ -130,6 +140,8 @@ def main() -> None:
                 table["stages"] = n_stages
                 table["dtype"] = dtype
                 tables.append(table)
+                # written as the run goes: a run cut short keeps every finished grid
+                pd.concat(tables, ignore_index=True).to_csv(out / "validation_gpu.csv", index=False)
                 s = summarise(table)
                 print(f"{label}: median |err| {s['median_abs_error_pct']:.1f}% max "
                       f"{s['max_abs_error_pct']:.1f}% memory "

@@ -99,25 +99,51 @@ def memory_chart(trace: Trace, ax: Axes | None = None, *, title: str | None = No
 def chrome_trace(trace: Trace, path: str | Path) -> Path:
     """Write Chrome-trace JSON (opens in Perfetto / chrome://tracing); times in microseconds.
 
-    One process per device, one thread for compute and one per outgoing link; memory as
-    counter events.
+    One process per worker (``pid`` = worker index) with named threads: ``stream``
+    (compute: the device interval), ``host`` (when the worker's Python issued each action:
+    measured CUDA traces only) and one per outgoing link; memory as counter events of one
+    process per physical device.  Ids are integers throughout; names come as metadata.
+    Compute events are named as torch.distributed.pipelining names its actions (``1F0``).
     """
-    events = []
     a = trace.actions
+    host = "host_start" in a.columns and a["host_start"].notna().any()
+    tids: dict[tuple[int, str], int] = {}
+    events: list[dict] = []
+
+    def tid(pid: int, name: str) -> int:
+        if (pid, name) not in tids:
+            tids[(pid, name)] = len([k for k in tids if k[0] == pid])
+            events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tids[(pid, name)],
+                           "args": {"name": name}})
+        return tids[(pid, name)]
+
+    for w in sorted(int(d) for d in a["device"].unique()):
+        events.append({"name": "process_name", "ph": "M", "pid": w, "args": {"name": f"worker {w}"}})
+        tid(w, "stream")
+        if host:
+            tid(w, "host")
     for row in a.itertuples(index=False):
         is_send = str(row.kind).startswith("SEND")
-        events.append({
-            "name": f"{row.stage}{row.kind}{row.microbatch}" if not is_send
-            else f"{row.kind} s{row.stage} mb{row.microbatch}",
-            "cat": row.kind, "ph": "X", "ts": float(row.start) * 1e6,
-            "dur": float(row.end - row.start) * 1e6, "pid": int(row.device),
-            "tid": str(row.resource) if is_send else "compute",
-            "args": {"stage": int(row.stage), "microbatch": int(row.microbatch),
-                     "iteration": int(row.iteration), "bytes": int(row.nbytes)},
-        })
+        pid = int(row.device)
+        args = {"stage": int(row.stage), "microbatch": int(row.microbatch),
+                "iteration": int(row.iteration), "bytes": int(row.nbytes)}
+        name = (f"{row.stage}{row.kind}{row.microbatch}" if not is_send
+                else f"{row.kind} s{row.stage} mb{row.microbatch}")
+        events.append({"name": name, "cat": row.kind, "ph": "X", "ts": float(row.start) * 1e6,
+                       "dur": float(row.end - row.start) * 1e6, "pid": pid,
+                       "tid": tid(pid, str(row.resource) if is_send else "stream"), "args": args})
+        if host and not is_send and row.host_start == row.host_start:  # not NaN
+            events.append({"name": name, "cat": "host", "ph": "X",
+                           "ts": float(row.host_start) * 1e6,
+                           "dur": float(row.host_end - row.host_start) * 1e6, "pid": pid,
+                           "tid": tid(pid, "host"), "args": args})
+    memory_pid = {d: 1000 + i for i, d in enumerate(sorted(trace.memory["device"].astype(str).unique()))}
+    for d, pid in memory_pid.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "args": {"name": f"memory {d}"}})
     for row in trace.memory.itertuples(index=False):
         events.append({"name": f"memory {row.device}", "ph": "C", "ts": float(row.time) * 1e6,
-                       "pid": str(row.device), "args": {"MiB": float(row.bytes) / 2**20}})
+                       "pid": memory_pid[str(row.device)], "tid": 0,
+                       "args": {"MiB": float(row.bytes) / 2**20}})
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms",

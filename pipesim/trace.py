@@ -19,6 +19,10 @@ nbytes       int   bytes moved (transfers), else 0
 resource     str   ``dev0`` for compute, ``dev0->dev1`` for a link
 ============ ===== ============================================================
 
+Measured traces add ``host_start``, ``host_end`` (float seconds): when the worker's Python
+issued the action, beside its device interval ``start``/``end`` (CUDA; empty on CPU,
+where they coincide, and for transfers).
+
 ``memory`` columns: ``iteration``, ``device`` (physical device name), ``time`` (s),
 ``bytes`` (allocated after the change at ``time``).
 """
@@ -35,6 +39,8 @@ import pandas as pd
 
 ACTION_COLUMNS = ["iteration", "device", "stage", "microbatch", "kind", "start", "end",
                   "nbytes", "resource"]
+HOST_COLUMNS = ["host_start", "host_end"]
+MEASURED_COLUMNS = ACTION_COLUMNS + HOST_COLUMNS
 MEMORY_COLUMNS = ["iteration", "device", "time", "bytes"]
 COMPUTE_KINDS = ("F", "B")
 TRANSFER_KINDS = ("SEND_F", "SEND_B", "SEND_S", "SEND_SB")

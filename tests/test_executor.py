@@ -182,3 +182,83 @@ def test_a_stage_alone_holds_what_it_holds_in_the_pipeline(name, sizes, balance,
     alone = [run_stage_alone(module, plan, s, x, y, loss_fn=loss_fn)["ledger"]
              for s in range(plan.n_stages)]
     assert alone == [piped.trace.meta["peak_memory"][f"dev{s}"] for s in range(plan.n_stages)]
+
+
+# ------------------------------------------------ long-lived workers, host columns
+def test_workers_are_the_same_threads_across_steps_and_close_cleanly():
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    with Pipeline(module, Plan([2, 2], 4, 8), loss_fn=loss_fn) as pipe:
+        assert pipe.worker_threads == []  # nothing started before the first step
+        pipe.step(x, y)
+        first = pipe.worker_threads
+        pipe.step(x, y)
+        assert pipe.worker_threads == first and len(first) == 2
+        assert all(t.is_alive() for t in first)
+    for t in first:
+        t.join(5)
+    assert not any(t.is_alive() for t in first)
+
+
+def test_a_dropped_pipeline_leaves_no_thread_behind():
+    import gc
+    import weakref
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    pipe = Pipeline(module, Plan([2, 2], 4, 8), loss_fn=loss_fn)
+    pipe.run(x, y, iterations=1, warmup=0)
+    threads, alive = pipe.worker_threads, weakref.ref(pipe)
+    del pipe
+    gc.collect()
+    assert alive() is None  # the threads do not keep their pipeline alive
+    for t in threads:
+        t.join(5)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_a_failing_worker_ends_the_step_and_the_next_step_works():
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    pipe = Pipeline(module, Plan([2, 2], 4, 8), loss_fn=loss_fn, timeout_s=20)
+    t0 = time.monotonic()
+    with pytest.raises(ActionFailed, match="action 0B1"):
+        pipe.step(x, y, fail_at=(0, "0B1"))
+    assert time.monotonic() - t0 < 20  # bounded (not a speed target)
+    module.zero_grad(set_to_none=True)
+    _rows, loss, _ = pipe.step(x, y)  # the same workers serve the next step
+    assert loss > 0 and len(pipe.worker_threads) == 2
+    pipe.close()
+
+
+def test_measured_trace_has_host_columns_and_a_valid_chrome_trace(tmp_path):
+    import json
+
+    from pipesim.plot import chrome_trace
+    from pipesim.trace import MEASURED_COLUMNS
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    trace = Pipeline(module, Plan([2, 2], 4, 8), loss_fn=loss_fn).run(
+        x, y, iterations=2, warmup=0).trace
+    assert list(trace.actions.columns) == MEASURED_COLUMNS
+    assert trace.actions[["host_start", "host_end"]].isna().all().all()  # CPU: they coincide
+    events = json.loads(chrome_trace(trace, tmp_path / "t.json").read_text())["traceEvents"]
+    names = {(e["pid"], e["args"]["name"]) for e in events if e.get("name") == "thread_name"}
+    assert names == {(0, "stream"), (1, "stream")}  # one track per worker
+    assert all(isinstance(e["pid"], int) for e in events)
+    assert {e["name"] for e in events if e.get("cat") == "F"} >= {"0F0", "1F3"}
+
+
+def test_actions_are_labelled_for_the_torch_profiler():
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    pipe = Pipeline(module, Plan([2, 2], 2, 8), loss_fn=loss_fn)
+    # the CPU profiler sees other threads only when asked to (torch >= 2.5)
+    try:
+        config = torch._C._profiler._ExperimentalConfig(profile_all_threads=True)
+    except TypeError:
+        pytest.skip("this torch's profiler cannot record other threads")
+    with torch_profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
+        pipe.step(x, y)
+    labels = {e.name for e in prof.events() if e.name.startswith("PP:")}
+    assert labels == {"PP:0F0", "PP:0F1", "PP:1F0", "PP:1F1", "PP:0B0", "PP:0B1", "PP:1B0", "PP:1B1"}
+    pipe.close()
