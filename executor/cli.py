@@ -7,12 +7,49 @@ torch is imported only when a torch-side command runs, so ``pipesim simulate`` s
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipesim.cli import UserError, build_parser, parse_ints, run
+from pipesim.cli import UserError, build_parser, parse_ints, positive_int, run
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
+def torch_dtype(name: str):
+    """The floating torch dtype called ``name``; a UserError for anything else."""
+    import torch
+
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise UserError(f"--dtype {name!r} is not a floating-point torch dtype (try float32, "
+                        "bfloat16, float16, float64)")
+    return dtype
+
+
+def check_device(name: str) -> None:
+    """Refuse a device this torch cannot use, before any work starts."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise UserError(f"--device {name!r}: {exc}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {name!r}: this torch ({torch.__version__}) sees no CUDA device")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise UserError(f"--device {name!r}: only {torch.cuda.device_count()} CUDA device(s)")
 
 
 def parse_sizes(pairs: Sequence[str]) -> dict:
@@ -35,38 +72,57 @@ def parse_sizes(pairs: Sequence[str]) -> dict:
 def profile_model(model_name: str, sizes: dict, micro_batches: list[int], device: str,
                   dtype: str, repeats: int, warmup: int, progress: bool = True):
     """Build a built-in model and profile it; returns ``(BuiltinModel, Profile)``."""
-    import torch
 
     from executor.models import build_model
     from executor.profiler import profile
 
+    check_device(device)
+    dt = torch_dtype(dtype)
     try:
         built = build_model(model_name, **sizes)
     except (TypeError, ValueError) as exc:
         raise UserError(f"model {model_name!r}: {exc}") from None
-    torch_dtype = getattr(torch, dtype, None)
-    if not isinstance(torch_dtype, torch.dtype):
-        raise UserError(f"unknown dtype {dtype!r} (try float32, bfloat16, float64)")
     batch = built.make_batch(max(micro_batches))
     prof = profile(built.module, batch, micro_batches, device, loss_fn=built.loss_fn,
-                   repeats=repeats, warmup=warmup, dtype=torch_dtype, progress=progress,
+                   repeats=repeats, warmup=warmup, dtype=dt, progress=progress,
                    meta={"model": model_name, "model_sizes": built.sizes})
     return built, prof
 
 
-def add_profile_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="gpt", help="built-in model: mlp, resnet, gpt (default gpt)")
+#: the built-in models' names, here so that help text needs no torch (a test checks them
+#: against executor.models.BUILTIN_MODELS)
+MODEL_NAMES = ("gpt", "mlp", "resnet", "resnet_skip", "unet")
+
+
+def _models() -> str:
+    return ", ".join(MODEL_NAMES)
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="gpt", help=f"built-in model: {_models()} (default gpt)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="model size, e.g. --set n_layers=6 (repeatable)")
-    p.add_argument("--sizes", default="1,2,4,8", help="micro-batch sizes to measure")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--dtype", default="float32", help="floating dtype (default float32)")
+    p.add_argument("--threads", type=positive_int, default=1,
+                   help="torch threads (default 1: what each rank of `run --transport processes` "
+                   "uses; profile with the threads the run will have)")
+
+
+def add_profile_options(p: argparse.ArgumentParser) -> None:
+    add_model_options(p)
+    p.add_argument("--sizes", default="1,2,4,8", help="micro-batch sizes to measure (default 1,2,4,8)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default cpu)")
+    p.add_argument("--repeats", type=positive_int, default=5,
+                   help="timed passes over all layers per size (default 5)")
+    p.add_argument("--warmup", type=non_negative_int, default=2,
+                   help="untimed passes first (default 2)")
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
+    import torch
+
     sizes = parse_ints(args.sizes, "--sizes")
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     _, prof = profile_model(args.model, parse_sizes(args.set), sizes, args.device, args.dtype,
                             args.repeats, args.warmup)
@@ -101,38 +157,68 @@ def cmd_run(args: argparse.Namespace) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
+    import torch
+
     from executor.models import builtin_job
     from pipesim.cli import load_cluster, plan_from_args, write_outputs
+    from pipesim.costs import PlanCosts
+    from pipesim.plan import Plan
     from pipesim.profile import Profile
     from pipesim.trace import metrics
 
     sizes = parse_sizes(args.set)
-    job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype, **sizes)
+    torch_dtype(args.dtype)
+    if args.transport == "threads":
+        check_device(args.device)
+    torch.set_num_threads(args.threads)
     profile = Profile.load(args.profile) if args.profile else None
+    job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype, **sizes)
     try:
         module, loss_fn, x, y = job()
     except (TypeError, ValueError, AttributeError) as exc:
         raise UserError(f"model {args.model!r}: {exc}") from None
-    if profile is None and not args.balance:
-        from pipesim.balance import even_balance
+    if args.plan:
+        try:
+            plan = Plan.from_dict(json.loads(Path(args.plan).read_text()), source=args.plan)
+        except (OSError, json.JSONDecodeError) as exc:
+            raise UserError(f"{args.plan}: cannot read a plan ({exc})") from None
+        if plan.batch_size != args.batch_size:  # the model's batch follows the plan
+            job = functools.partial(builtin_job, args.model, plan.batch_size, dtype=args.dtype,
+                                    **sizes)
+            module, loss_fn, x, y = job()
+    else:
+        if profile is None and not args.balance:
+            from pipesim.balance import even_balance
 
-        args.balance = ",".join(map(str, even_balance(len(module), args.stages)))
-    plan = plan_from_args(args, profile)
+            args.balance = ",".join(map(str, even_balance(len(module), args.stages)))
+        plan = plan_from_args(args, profile)
     plan.check_layers(len(module))
+    if profile is not None:
+        # before running: a plan outside the profile's sizes is refused now, not after the run
+        PlanCosts(profile, plan)
+        threads = profile.meta.get("threads")
+        if threads is not None and int(threads) != args.threads:
+            print(f"pipesim: warning: {args.profile} was measured with {threads} torch threads, "
+                  f"this run uses {args.threads}: the prediction will be off by the difference "
+                  "(profile again with --threads)", file=sys.stderr)
     if args.transport == "processes":
         from executor.distributed import spawn
 
+        print(f"running {plan.label()} with {plan.n_devices} processes ...", flush=True)
         result, _ = spawn(job, plan, iterations=args.iterations, warmup=args.warmup,
-                          pin_cores=args.pin)
+                          pin_cores=args.pin, threads_per_rank=args.threads)
     else:
         from executor.pipeline import Pipeline
 
         devices = [args.device] * plan.n_devices
-        result = Pipeline(module, plan, devices, loss_fn).run(x, y, iterations=args.iterations,
-                                                              warmup=args.warmup)
+        print(f"running {plan.label()} with {plan.n_devices} threads ...", flush=True)
+        with Pipeline(module, plan, devices, loss_fn) as pipe:
+            result = pipe.run(x, y, iterations=args.iterations, warmup=args.warmup)
     m = metrics(result.trace)
+    times = sorted(m.iteration_times_s)
     print(f"plan      {plan.label()}  batch {plan.batch_size}  transport {args.transport}")
-    print(f"measured  {m.summary()}  (median of {args.iterations}, loss {result.loss:.4f})")
+    print(f"measured  {m.summary()}  (median of {args.iterations}; iterations "
+          f"{times[0] * 1e3:.2f}-{times[-1] * 1e3:.2f} ms; loss {result.loss:.4f})")
     out = Path(args.out)
     paths = write_outputs(result.trace, out, "measured", f"measured: {plan.label()}")
     if profile is not None:
@@ -157,18 +243,20 @@ def add_run(sub: argparse._SubParsersAction) -> None:
                        description="Run a plan on a built-in model with the executor (threads "
                        "in one process, or one process per stage) and record a measured trace; "
                        "with --profile, also predict it and compare.")
-    p.add_argument("--model", default="gpt")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--dtype", default="float32")
+    add_model_options(p)
     add_plan_arguments(p)
-    p.add_argument("--transport", default="threads", choices=["threads", "processes"])
+    p.add_argument("--plan", help="a plan JSON (the best_plan.json `pipesim tune` writes); "
+                   "replaces the plan options")
+    p.add_argument("--transport", default="threads", choices=["threads", "processes"],
+                   help="threads in one process, or one process per stage (gloo); default threads")
     p.add_argument("--device", default="cpu", help="device of every stage (threads transport)")
     p.add_argument("--pin", action="store_true", help="pin processes to cores")
-    p.add_argument("--iterations", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--iterations", type=positive_int, default=5, help="measured (default 5)")
+    p.add_argument("--warmup", type=non_negative_int, default=2, help="unmeasured first (default 2)")
     p.add_argument("--profile", help="profile CSV: also simulate the plan and compare")
-    p.add_argument("--cluster", default="cpu", help="cluster preset or JSON for the prediction")
-    p.add_argument("--out", default="out/run")
+    p.add_argument("--cluster", default="cpu",
+                   help="cluster preset or JSON for the prediction (default cpu)")
+    p.add_argument("--out", default="out/run", help="output folder (default out/run)")
     p.set_defaults(func=cmd_run)
 
 

@@ -14,6 +14,7 @@ import dataclasses
 import functools
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -71,14 +72,21 @@ def main(args: argparse.Namespace) -> int:
         cluster = calibrate_cpu(best.n_devices)
         cluster.save(out / "calibration.json")
     job = functools.partial(builtin_job, DEFAULT_MODEL, BATCH)
-    measured, _ = spawn(job, best, iterations=3 if args.quick else 5, warmup=1)
-    # the executor runs forward and backward only: compare memory without optimizer state
+    measured, _ = spawn(job, best, iterations=3 if args.quick else 7, warmup=1)
+    # the executor runs forward and backward only: its plan holds no optimizer state
     predicted = simulate(prof, dataclasses.replace(best, optimizer="sgd"), cluster)
     write_outputs(measured.trace, out, "measured", f"measured: {best.label()}")
     write_outputs(predicted, out, "simulated", f"predicted: {best.label()}")
     cmp = compare(predicted, measured.trace)
     gantt_pair(predicted, measured.trace, best.label()).savefig(out / "compare.png", dpi=110)
     print(f"    {cmp.summary()}")
+    times = np.array(metrics(measured.trace).iteration_times_s)
+    lo, hi = np.percentile(times, [25, 75])
+    pred = metrics(predicted).iteration_time_s
+    print(f"    measured iterations {times.min() * 1e3:.1f}-{times.max() * 1e3:.1f} ms "
+          f"(quartiles {lo * 1e3:.1f}-{hi * 1e3:.1f}); the prediction {pred * 1e3:.1f} ms is "
+          + ("inside that spread: the error is within this machine's noise" if
+             times.min() <= pred <= times.max() else "outside that spread"))
     print("5/5 outputs")
     print(f"    profile:            {profile_path} (+ .json metadata)")
     print(f"    plans compared:     {out / 'simulated_plans.csv'}")

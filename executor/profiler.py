@@ -16,8 +16,10 @@ saved-tensor hooks, each storage counted once, parameters excluded.
 from __future__ import annotations
 
 import datetime as _dt
+import itertools
 import platform
 import statistics
+import warnings
 from collections.abc import Callable, Sequence
 
 import pandas as pd
@@ -175,6 +177,40 @@ def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
     return fwd.elapsed()[0], bwd.elapsed()[0]
 
 
+def _noisy(layer: int, size: int, reps: list[tuple[float, float]]) -> list[dict]:
+    """Flags for a layer's repetitions whose spread (inter-quartile range) exceeds half
+    their median: a burst of load landed on them."""
+    out = []
+    for k, what in enumerate(("fwd_s", "bwd_s")):
+        values = sorted(r[k] for r in reps)
+        if len(values) < 3 or values[len(values) // 2] <= 0:
+            continue
+        q1, q3 = values[len(values) // 4], values[(3 * len(values)) // 4]
+        med = values[len(values) // 2]
+        if q3 - q1 > 0.5 * med and q3 - q1 > 20e-6:
+            out.append({"layer": layer, "micro_batch": size, "column": what,
+                        "why": f"repetitions spread {q1 * 1e3:.3f}-{q3 * 1e3:.3f} ms around "
+                               f"{med * 1e3:.3f} ms"})
+    return out
+
+
+def _not_monotone(rows: list[dict]) -> list[dict]:
+    """Flags where a layer takes over twice as long on fewer samples than on more."""
+    out = []
+    by_layer: dict[int, list[dict]] = {}
+    for r in rows:
+        by_layer.setdefault(r["layer"], []).append(r)
+    for layer, rs in by_layer.items():
+        rs.sort(key=lambda r: r["micro_batch"])
+        for a, b in itertools.pairwise(rs):
+            for what in ("fwd_s", "bwd_s"):
+                if a[what] > 2 * b[what] and a[what] - b[what] > 50e-6:
+                    out.append({"layer": layer, "micro_batch": a["micro_batch"], "column": what,
+                                "why": f"{a[what] * 1e3:.3f} ms at {a['micro_batch']} samples, "
+                                       f"{b[what] * 1e3:.3f} ms at {b['micro_batch']}"})
+    return out
+
+
 def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor],
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
@@ -207,6 +243,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     model.to(device=device, dtype=dtype).train()
     layers = list(model)
     rows = []
+    noisy: list[dict] = []
     whole_model: dict[str, dict[str, float]] = {}
     routes = check_skips(model)
     skips = [{"name": r.name, "stash_layer": r.src, "pop_layer": r.dst, "bytes": {}}
@@ -256,8 +293,14 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                 for column in samples[0][i]:
                     row[column] = statistics.median(t[i][column] for t in samples)
                 rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
+                noisy += _noisy(i, b, [(t[i]["fwd_s"], t[i]["bwd_s"]) for t in samples])
     bar.close()
     model.zero_grad(set_to_none=True)
+    noisy += _not_monotone(rows)
+    if noisy:
+        warnings.warn(f"profile: {len(noisy)} noisy measurement(s), e.g. {noisy[0]}; the machine "
+                      "was probably busy: profile again on a quiet machine or with more "
+                      "--repeats (all listed in the profile's metadata, 'noisy')", stacklevel=2)
     table = pd.DataFrame(rows)
     table = table[list(COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in table.columns]]
     info = {
@@ -276,6 +319,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         # skip connections: stashing and popping layer, bytes per micro-batch size
         "skips": skips,
         "loss_in_last_layer": loss_fn is not None,
+        # measurements to distrust: repetitions that disagree, or a smaller size slower
+        # than a larger one (see _noisy, _not_monotone)
+        "noisy": noisy,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }

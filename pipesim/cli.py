@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,15 +29,71 @@ CLUSTER_PRESETS: dict[str, Callable[[int], Cluster]] = {
 }
 
 
+_NEGATIVE = re.compile(r"^-\d+$|^-\d*\.\d+$|^-[\d.]+\s*[KMGT]?i?B$", re.I)
+
+
 class UserError(PipesimError):
     """A mistake on the command line."""
 
 
-def parse_ints(text: str, what: str) -> list[int]:
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes reach :func:`run` as a UserError: one ``pipesim: error:`` line
+    and status 2 for every mistake, whoever finds it."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
     try:
-        return [int(x) for x in text.replace(" ", "").split(",") if x]
+        return version("pipesim")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def parse_ints(text: str, what: str, *, positive: bool = True) -> list[int]:
+    """``"1,2,4"`` -> ``[1, 2, 4]``; refuses an empty list and (by default) values < 1."""
+    try:
+        values = [int(x) for x in text.replace(" ", "").split(",") if x]
     except ValueError:
         raise UserError(f"{what} must be comma-separated integers, got {text!r}") from None
+    if not values:
+        raise UserError(f"{what} needs at least one integer, got {text!r}")
+    if positive and min(values) < 1:
+        raise UserError(f"{what} must be positive integers, got {text!r}")
+    return values
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
+def format_bytes(n: float) -> str:
+    """``1536`` -> ``"1.50 KiB"``: a unit that keeps the figure readable."""
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
 
 
 def load_cluster(spec: str, n_devices: int) -> Cluster:
@@ -44,7 +101,11 @@ def load_cluster(spec: str, n_devices: int) -> Cluster:
     if spec in CLUSTER_PRESETS:
         return CLUSTER_PRESETS[spec](n_devices)
     if Path(spec).suffix == ".json" or Path(spec).exists():
-        return Cluster.load(spec)
+        cluster = Cluster.load(spec)
+        if cluster.n_devices < n_devices:
+            raise UserError(f"{spec}: the plan needs {n_devices} devices, the cluster has "
+                            f"{cluster.n_devices}")
+        return cluster
     raise UserError(f"cluster {spec!r} is neither a preset ({', '.join(CLUSTER_PRESETS)}) nor a "
                     "JSON file")
 
@@ -53,14 +114,20 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     """The options that make a Plan (shared by simulate and run)."""
     p.add_argument("--balance", help="layers per stage, e.g. 3,3 (default: time-balanced, "
                    "exact min-max partition of the profile)")
-    p.add_argument("--stages", type=int, default=2, help="stages when --balance is not given")
-    p.add_argument("--chunks", type=int, default=4, help="micro-batches (default 4)")
-    p.add_argument("--batch-size", type=int, default=32, help="samples per iteration (default 32)")
-    p.add_argument("--checkpoint", default="except_last", choices=CHECKPOINT_MODES)
-    p.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES))
-    p.add_argument("--virtual-stages", type=int, default=1,
-                   help="stages per device for the interleaved schedule")
-    p.add_argument("--optimizer", default="adam", help="adam, sgd, momentum (optimizer state)")
+    p.add_argument("--stages", type=positive_int, default=2,
+                   help="stages when --balance is not given (default 2)")
+    p.add_argument("--chunks", type=positive_int, default=4, help="micro-batches (default 4)")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="samples per iteration (default 32)")
+    p.add_argument("--checkpoint", default="except_last", choices=CHECKPOINT_MODES,
+                   help="which micro-batches recompute their forward (default except_last)")
+    p.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES),
+                   help="default gpipe")
+    p.add_argument("--virtual-stages", type=positive_int, default=1,
+                   help="stages per device for the interleaved schedule (default 1)")
+    p.add_argument("--optimizer", default="sgd",
+                   help="optimizer state held beside the parameters: sgd (none; what `pipesim run` "
+                   "holds, the default), momentum, adam")
 
 
 def plan_from_args(args: argparse.Namespace, profile: Profile | None) -> Plan:
@@ -118,12 +185,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     trace = simulate(profile, plan, cluster, iterations=args.iterations, jitter=jitter,
                      extrapolate=args.extrapolate)
     m = metrics(trace)
-    print(f"plan      {plan.label()}  batch {plan.batch_size}  cluster {cluster.name}")
+    print(f"plan      {plan.label()}  batch {plan.batch_size}  cluster {cluster.name}  "
+          f"optimizer {plan.optimizer} ({plan.optimizer_state_factor:g} bytes of state per "
+          "parameter byte)")
     print(f"predicted {m.summary()}")
     for d in sorted(m.bubble):
         peak = m.peak_memory_bytes.get(cluster.devices[d].resource, float("nan"))
+        capacity = cluster.devices[d].memory_bytes
+        over = f"  DOES NOT FIT: the device holds {format_bytes(capacity)}" if peak > capacity else ""
         print(f"  device {d}: busy {m.busy_s[d] * 1e3:9.3f} ms  bubble {m.bubble[d]:6.1%}  "
-              f"peak {peak / 2**20:9.2f} MiB")
+              f"peak {format_bytes(peak):>10}{over}")
     paths = write_outputs(trace, Path(args.out), "simulated", f"predicted: {plan.label()}")
     print(f"wrote {paths['png']}, {paths['chrome']} and the trace CSVs in {args.out}")
     return 0
@@ -137,9 +208,10 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     add_plan_arguments(p)
     p.add_argument("--cluster", default="free",
                    help=f"preset ({', '.join(CLUSTER_PRESETS)}) or a cluster JSON file")
-    p.add_argument("--iterations", type=int, default=1)
-    p.add_argument("--jitter", type=float, default=0.0, help="log-normal sigma of durations")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--iterations", type=positive_int, default=1, help="default 1")
+    p.add_argument("--jitter", type=non_negative_float, default=0.0,
+                   help="log-normal sigma of durations (default 0: none)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the jitter (default 0)")
     p.add_argument("--extrapolate", action="store_true",
                    help="allow micro-batch sizes outside the profiled range (warns)")
     p.add_argument("--out", default="out/simulate", help="output folder")
@@ -183,7 +255,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = result.best
     (out / "best_plan.json").write_text(json.dumps(best.to_dict(), indent=2))
     print(f"best: {best.label()} ({len(result.table)} plans simulated, "
-          f"{int(result.table.fits.sum())} fit {budget / 2**20:.0f} MiB)")
+          f"{int(result.table.fits.sum())} fit {format_bytes(budget)} a device)")
     print(f"wrote {out / 'tune.csv'} and {out / 'best_plan.json'}")
     return 0
 
@@ -193,16 +265,19 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                        description="Rank plans by predicted throughput under a memory budget "
                        "per device (exact min-max balance, refined by simulation).")
     p.add_argument("profile")
-    p.add_argument("--devices", type=int, default=2)
-    p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--memory-budget", default="1GiB", help="per device, e.g. 512MiB, 16GiB")
+    p.add_argument("--devices", type=positive_int, default=2, help="default 2")
+    p.add_argument("--batch-size", type=positive_int, default=32, help="default 32")
+    p.add_argument("--memory-budget", default="1GiB",
+                   help="per device, e.g. 512MiB, 16GiB; a bare number is bytes (default 1GiB)")
     p.add_argument("--chunks", help="candidates, e.g. 1,2,4,8 (default: powers of two in range)")
-    p.add_argument("--schedules", default="gpipe,1f1b")
-    p.add_argument("--method", default="minmax", choices=["minmax", "block"])
-    p.add_argument("--optimizer", default="adam")
-    p.add_argument("--cluster", default="free")
-    p.add_argument("--top", type=int, default=10)
-    p.add_argument("--out", default="out/tune")
+    p.add_argument("--schedules", default="gpipe,1f1b",
+                   help=f"comma-separated, of {', '.join(sorted(SCHEDULES))} (default gpipe,1f1b)")
+    p.add_argument("--method", default="minmax", choices=["minmax", "block"],
+                   help="balance: exact min-max partition, or torchgpipe-style blocks")
+    p.add_argument("--optimizer", default="sgd", help="optimizer state: sgd (default), momentum, adam")
+    p.add_argument("--cluster", default="free", help="preset or cluster JSON (default free)")
+    p.add_argument("--top", type=positive_int, default=10, help="plans to print (default 10)")
+    p.add_argument("--out", default="out/tune", help="output folder (default out/tune)")
     p.set_defaults(func=cmd_tune)
 
 
@@ -247,22 +322,32 @@ def add_compare(sub: argparse._SubParsersAction) -> None:
 
 def build_parser(extra: Sequence[Callable[[argparse._SubParsersAction], None]] = ()
                  ) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipesim",
         description="Plan, simulate and validate pipeline-parallel training.")
+    parser.add_argument("--version", action="version", version=f"pipesim {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (*extra, add_simulate, add_tune, add_compare):
         add(sub)
+    for p in (parser, *sub.choices.values()):
+        # "-5MiB" reads as a value (then refused by its parser), not as an unknown option
+        p._negative_number_matcher = _NEGATIVE  # type: ignore[attr-defined]
     return parser
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    args = parser.parse_args(argv)
     try:
+        args = parser.parse_args(argv)
         return int(args.func(args) or 0)
     except (PipesimError, FileNotFoundError) as exc:
         print(f"pipesim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader (``| head``) left: stop quietly, and keep Python's exit flush quiet too
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:

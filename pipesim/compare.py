@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from pipesim.errors import PlanError, ScheduleError
+from pipesim.plan import Plan
 from pipesim.trace import COMPUTE_KINDS, Metrics, Trace, metrics
 
 _KEY = ["stage", "microbatch", "kind"]
@@ -61,12 +63,18 @@ class Comparison:
 
 def compare(predicted: Trace, measured: Trace) -> Comparison:
     """Join ``predicted`` and ``measured`` by (stage, micro-batch, kind); see module doc."""
+    dicts = [t.meta.get("plan") for t in (predicted, measured)]
+    if all(dicts):
+        a, b = (Plan.from_dict(d) for d in dicts)
+        if any(getattr(a, f) != getattr(b, f) for f in Plan.SCHEDULE_FIELDS):
+            raise PlanError(f"the traces are of different plans: predicted {a.label()}, "
+                            f"measured {b.label()}")
     pm, mm = metrics(predicted), metrics(measured)
     p, m = _per_action(predicted), _per_action(measured)
     missing = set(map(tuple, m[_KEY].to_numpy())) ^ set(map(tuple, p[_KEY].to_numpy()))
     if missing:
-        raise ValueError(f"the traces hold different actions, e.g. {sorted(missing)[:3]}: were they "
-                         "made from the same schedule?")
+        raise ScheduleError(f"the traces hold different actions, e.g. {sorted(missing)[:3]}: were "
+                            "they made from the same schedule?")
     actions = p.merge(m, on=[*_KEY, "device"], suffixes=("_pred", "_meas"))
     actions["duration_error_s"] = actions["duration_pred"] - actions["duration_meas"]
     actions["duration_rel_error"] = actions["duration_error_s"] / actions["duration_meas"]

@@ -43,7 +43,9 @@ class Plan:
     virtual_stages
         stages per device for interleaved schedules (``v``).
     optimizer
-        name in :data:`OPTIMIZER_STATE`, or bytes of state per parameter byte.
+        name in :data:`OPTIMIZER_STATE`, or bytes of state per parameter byte.  Default
+        ``"sgd"`` (no state): what pipesim's executor holds, so a prediction and a run
+        of the same Plan count the same memory; say ``"adam"`` to plan a training run.
     """
 
     balance: tuple[int, ...]
@@ -53,7 +55,7 @@ class Plan:
     schedule: str = "gpipe"
     placement: tuple[int, ...] | None = None
     virtual_stages: int = 1
-    optimizer: str | float = "adam"
+    optimizer: str | float = "sgd"
     extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
     def __post_init__(self) -> None:
@@ -156,7 +158,25 @@ class Plan:
         d["placement"] = list(self.stage_devices)
         return d
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> Plan:
+        """The Plan of :meth:`to_dict` (``best_plan.json``, a trace's ``meta["plan"]``)."""
+        known = {"balance", "chunks", "batch_size", "checkpoint", "schedule", "placement",
+                 "virtual_stages", "optimizer"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise PlanError(f"{source}: unknown plan field(s) {unknown}")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise PlanError(f"{source}: not a plan ({exc})") from None
+
+    #: the fields that make the schedule (not the optimizer, which only moves memory)
+    SCHEDULE_FIELDS = ("balance", "chunks", "batch_size", "checkpoint", "schedule", "stage_devices",
+                       "virtual_stages")
+
     def label(self) -> str:
         """A short human label, e.g. ``gpipe [3,3] m=4 ckpt=never``."""
-        return (f"{self.schedule} [{','.join(map(str, self.balance))}] m={self.chunks} "
+        v = f" v={self.virtual_stages}" if self.virtual_stages > 1 else ""
+        return (f"{self.schedule}{v} [{','.join(map(str, self.balance))}] m={self.chunks} "
                 f"ckpt={self.checkpoint}")

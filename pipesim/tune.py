@@ -74,12 +74,16 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
          cluster: Cluster | None = None, chunks: Sequence[int] | None = None,
          checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] = ("gpipe", "1f1b"), method: str = "minmax",
-         refine: bool = True, optimizer: str | float = "adam") -> TuneResult:
+         refine: bool = True, optimizer: str | float = "sgd",
+         virtual_stages: Sequence[int] = (2, 3)) -> TuneResult:
     """Ranked plans for ``batch_size`` samples on ``n_devices`` within ``memory_budget`` bytes.
 
     ``chunks`` defaults to powers of two up to the batch size whose micro-batches fall in
     the profiled range.  ``method='block'`` balances by torchgpipe-style greedy blocks
-    instead of the exact partition (for comparison).
+    instead of the exact partition (for comparison).  The ``interleaved`` schedule is
+    tried with each of ``virtual_stages`` stages a device (where the layers and the
+    micro-batches allow).  A plan fits when its peak on every device is within both the
+    budget and that device's ``memory_bytes``.
     """
     if n_devices > profile.n_layers:
         raise PlanError(f"{n_devices} devices is more than the {profile.n_layers} layers")
@@ -93,33 +97,45 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     if not chunks:
         raise PlanError(f"no chunks count splits {batch_size} samples into micro-batches inside "
                         f"the profiled range [{lo}, {hi}]")
+    # per physical device: the tighter of the budget and its memory
+    limit: dict[str, float] = {}
+    for d in cluster.devices[:n_devices]:
+        limit[d.resource] = min(limit.get(d.resource, math.inf), memory_budget, d.memory_bytes)
+    shapes = [(s, 1) for s in schedules if s != "interleaved"]
+    if "interleaved" in schedules:
+        shapes += [("interleaved", v) for v in virtual_stages if n_devices * v <= profile.n_layers]
     rows, seen = [], set()
     for c in chunks:
         size = math.ceil(batch_size / c)
         for ckpt in checkpoints:
-            base = stage_balance(profile, n_devices, size, ckpt, cluster, method)
-            candidates = _neighbours(base) if refine else [base]
-            for balance in candidates:
-                for schedule in schedules:
+            for schedule, v in shapes:
+                if v > 1 and c % n_devices:
+                    continue  # interleaving needs micro-batches in multiples of the devices
+                base = stage_balance(profile, n_devices * v, size, ckpt, cluster, method)
+                for balance in (_neighbours(base) if refine else [base]):
                     plan = Plan(balance, c, batch_size, checkpoint=ckpt, schedule=schedule,
-                                optimizer=optimizer)
+                                optimizer=optimizer, virtual_stages=v)
                     if plan in seen:
                         continue
                     seen.add(plan)
                     m = metrics(simulate(profile, plan, cluster))
                     peak = max(m.peak_memory_bytes.values())
+                    fits = all(p <= limit.get(d, memory_budget)
+                               for d, p in m.peak_memory_bytes.items())
                     rows.append({"plan": plan, "balance": ",".join(map(str, balance)),
                                  "chunks": c, "checkpoint": ckpt, "schedule": schedule,
+                                 "virtual_stages": v,
                                  "iteration_s": m.iteration_time_s, "throughput": m.throughput,
                                  "bubble": m.mean_bubble, "peak_bytes": peak,
-                                 "fits": peak <= memory_budget, "from_partition": balance == base})
+                                 "fits": fits, "from_partition": balance == base})
     table = pd.DataFrame(rows)
     fitting = table[table["fits"]].sort_values(["throughput", "peak_bytes"],
                                                ascending=[False, True])
     if fitting.empty:
         smallest = table.sort_values("peak_bytes").iloc[0]
-        raise PlanError(f"no plan fits a budget of {memory_budget / 2**20:.1f} MiB per device; the "
-                        f"smallest peak any plan needs is {smallest.peak_bytes / 2**20:.1f} MiB "
-                        f"({smallest.plan.label()})")
+        tightest = min(limit.values())
+        raise PlanError(f"no plan fits {tightest / 2**20:.3f} MiB per device (the budget, or a "
+                        f"device's memory if smaller); the smallest peak any plan needs is "
+                        f"{smallest.peak_bytes / 2**20:.3f} MiB ({smallest.plan.label()})")
     table = table.sort_values(["fits", "throughput"], ascending=[False, False]).reset_index(drop=True)
     return TuneResult(list(fitting["plan"]), table)

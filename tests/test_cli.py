@@ -61,17 +61,39 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["simulate", "missing.csv"], "missing.csv: no such profile file"),
     (["simulate", "{profile}", "--balance", "1,1"], "sums to 2 layers but the model has 4"),
     (["simulate", "{profile}", "--balance", "2,x"], "--balance must be comma-separated integers"),
-    (["simulate", "{profile}", "--chunks", "0"], "chunks must be an integer of at least 1"),
+    (["simulate", "{profile}", "--chunks", "0"], "--chunks: must be at least 1, got 0"),
     (["simulate", "{profile}", "--cluster", "moon"], "cluster 'moon' is neither a preset"),
+    (["simulate", "{profile}", "--iterations", "0"], "--iterations: must be at least 1"),
+    (["simulate", "{profile}", "--jitter", "-1"], "--jitter: must be a finite number >= 0"),
+    (["simulate", "{profile}", "--cluster", "{few}"], "the plan needs 2 devices, the cluster has 1"),
+    (["simulate", "{profile}", "--cluster", "{bad}"], "malformed cluster description"),
     (["tune", "{profile}", "--memory-budget", "lots"], "cannot read a memory size from 'lots'"),
+    (["tune", "{profile}", "--memory-budget", "-5MiB"], "memory budget must be positive"),
+    (["tune", "{profile}", "--chunks", "0,3"], "--chunks must be positive integers"),
     (["compare", "nowhere", "nothere"], "no such trace file"),
     (["profile", "--model", "vgg"], "unknown model 'vgg'"),
+    (["profile", "--sizes", "0,2"], "--sizes must be positive integers"),
+    (["profile", "--sizes", "-1"], "--sizes must be positive integers"),
+    (["profile", "--sizes", ""], "--sizes needs at least one integer"),
+    (["profile", "--repeats", "0"], "--repeats: must be at least 1"),
+    (["profile", "--dtype", "int8"], "not a floating-point torch dtype"),
+    (["profile", "--device", "cuda:7"], "--device 'cuda:7'"),
+    (["run", "--iterations", "0"], "--iterations: must be at least 1"),
+    (["run", "--plan", "nowhere.json"], "nowhere.json: cannot read a plan"),
 ])
-def test_user_mistakes_are_one_line_errors(argv, message, profile_path, capsys):
-    argv = [a.replace("{profile}", str(profile_path)) for a in argv]
+def test_user_mistakes_are_one_line_errors(argv, message, profile_path, tmp_path, capsys):
+    from pipesim.cluster import Cluster
+
+    few = Cluster.free(1).save(tmp_path / "few.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"devices": [{"name": "a"}, {"name": "b"}],
+                               "link": {"latency_s": "fast"}}))
+    argv = [a.replace("{profile}", str(profile_path)).replace("{few}", str(few))
+            .replace("{bad}", str(bad)) for a in argv]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+    assert err.startswith("pipesim: error:") and err.count("\n") == 1  # one line
 
 
 def test_run_with_profile_compares(tmp_path, capsys):
@@ -97,3 +119,63 @@ def test_demo_runs_end_to_end(tmp_path, capsys):
     assert "outputs" in out
     assert (tmp_path / "demo" / "profile.csv").exists()
     assert (tmp_path / "demo" / "simulated_plans.csv").exists()
+
+
+def test_compare_refuses_traces_of_different_plans(profile_path, tmp_path, capsys):
+    for name, chunks in (("a", "4"), ("b", "2")):
+        assert main(["simulate", str(profile_path), "--balance", "2,2", "--chunks", chunks,
+                     "--batch-size", "8", "--out", str(tmp_path / name)]) == 0
+    capsys.readouterr()
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--measured-prefix",
+                 "simulated", "--out", str(tmp_path / "c")]) == 2
+    assert "different plans: predicted gpipe [2,2] m=4" in capsys.readouterr().err
+
+
+def test_output_piped_into_head_ends_quietly(profile_path):
+    cmd = (f"{sys.executable} -m executor.cli tune {profile_path} --batch-size 16 "
+           f"--out {profile_path.parent / 't'} | head -1")
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True)
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+    assert done.returncode == 0
+
+
+def test_version_and_model_names():
+    from executor.cli import MODEL_NAMES
+    from executor.models import BUILTIN_MODELS
+
+    assert sorted(MODEL_NAMES) == sorted(BUILTIN_MODELS)
+    out = subprocess.run([sys.executable, "-m", "executor.cli", "--version"], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.startswith("pipesim ")
+
+
+def test_simulate_says_when_a_plan_does_not_fit(profile_path, tmp_path, capsys):
+    from pipesim.cluster import Cluster, Device
+
+    tiny = Cluster([Device("a", memory_bytes=1000), Device("b", memory_bytes=1000)]).save(
+        tmp_path / "tiny.json")
+    assert main(["simulate", str(profile_path), "--balance", "2,2", "--batch-size", "8",
+                 "--cluster", str(tiny), "--out", str(tmp_path / "s")]) == 0
+    assert "DOES NOT FIT: the device holds 1000 B" in capsys.readouterr().out
+    assert main(["tune", str(profile_path), "--batch-size", "8", "--cluster", str(tiny),
+                 "--out", str(tmp_path / "t")]) == 2
+    assert "no plan fits 0.001 MiB per device" in capsys.readouterr().err
+
+
+def test_run_checks_the_profile_before_running_and_accepts_a_tuned_plan(tmp_path, capsys):
+    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+    prof = tmp_path / "p.csv"
+    assert main(["profile", *small, "--sizes", "1,2", "--repeats", "1", "--warmup", "0",
+                 "--out", str(prof)]) == 0
+    # micro-batches of 8 are outside the profiled 1..2: refused at once, nothing run
+    assert main(["run", *small, "--balance", "2,2", "--chunks", "1", "--batch-size", "8",
+                 "--profile", str(prof), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "outside" in err and not (tmp_path / "r").exists()
+    assert main(["tune", str(prof), "--batch-size", "4", "--out", str(tmp_path / "t")]) == 0
+    assert main(["run", *small, "--plan", str(tmp_path / "t" / "best_plan.json"),
+                 "--batch-size", "4", "--iterations", "1", "--warmup", "0", "--threads", "2",
+                 "--profile", str(prof), "--out", str(tmp_path / "r2")]) == 0
+    captured = capsys.readouterr()
+    assert "measured  iteration" in captured.out
+    assert "measured with 1 torch threads, this run uses 2" in captured.err

@@ -156,3 +156,27 @@ def test_without_whole_model_times_spans_are_plain_sums():
     prof = uniform_profile(3, sizes=(1, 4))
     assert prof.isolation_excess(2) is None
     assert prof.span_cost(0, 3, 2).fwd_s == pytest.approx(6.0)
+
+
+def test_checkpoint_costs_are_paid_by_checkpointed_micro_batches_only(tmp_path):
+    from pipesim.plan import Plan
+    from pipesim.simulator import simulate
+    from tests.helpers import uniform_profile
+
+    plain = uniform_profile(2, fwd_s=1.0, bwd_s=2.0, sizes=(1, 4))
+    t = plain.table.copy()
+    t["ckpt_fwd_s"] = t["fwd_s"] + 0.5 * t["micro_batch"]  # the checkpoint adds 0.5 s a sample
+    t["ckpt_bwd_s"] = t["fwd_s"] + t["bwd_s"] + 0.25 * t["micro_batch"]
+    costly = Profile(t, plain.meta)
+    back = Profile.load(costly.save(tmp_path / "c.csv"))  # the optional columns round-trip
+    assert back.optional_columns == ("ckpt_fwd_s", "ckpt_bwd_s")
+    plan = Plan([1, 1], 2, 2, checkpoint="except_last")
+    a = simulate(back, plan).actions.set_index(["stage", "kind", "microbatch"])
+    dur = (a["end"] - a["start"]).to_dict()
+    assert dur[(0, "F", 0)] == pytest.approx(1.5)  # checkpointed: 1 + 0.5
+    assert dur[(0, "F", 1)] == pytest.approx(1.0)  # the last micro-batch is not
+    assert dur[(0, "B", 0)] == pytest.approx(2.0 + 1.0 + 0.25)  # backward, recompute, extra
+    assert dur[(0, "B", 1)] == pytest.approx(2.0)
+    # a profile without the columns (an old file) pays one more forward and nothing else
+    old = simulate(plain, plan).actions.set_index(["stage", "kind", "microbatch"])
+    assert (old["end"] - old["start"])[(0, "F", 0)] == pytest.approx(1.0)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from executor.models import BUILTIN_MODELS, build_model
+from executor.models import BUILTIN_MODELS, build_model, builtin_job
 from executor.profiler import profile, profile_layer, time_whole_model
 
 SMALL = {"mlp": dict(width=32, depth=3, in_features=16),
@@ -64,3 +64,30 @@ def test_profile_rejects_non_sequential_and_small_batches():
     built = build_model("mlp", **SMALL["mlp"])
     with pytest.raises(ValueError, match="fewer than the largest micro-batch size 8"):
         profile(built.module, built.make_batch(4), [2, 8])
+
+
+def test_noisy_repetitions_and_inverted_sizes_are_flagged():
+    from executor.profiler import _noisy, _not_monotone
+
+    steady = _noisy(0, 4, [(1e-3, 2e-3)] * 5)
+    assert steady == []
+    burst = _noisy(3, 4, [(1e-3, 2e-3), (1e-3, 2e-3), (8e-3, 2e-3), (9e-3, 2e-3), (8e-3, 2e-3)])
+    assert [(f["layer"], f["column"]) for f in burst] == [(3, "fwd_s")]
+    rows = [{"layer": 0, "micro_batch": 2, "fwd_s": 8e-3, "bwd_s": 1e-3},
+            {"layer": 0, "micro_batch": 4, "fwd_s": 0.3e-3, "bwd_s": 1.5e-3}]
+    flags = _not_monotone(rows)
+    assert [(f["micro_batch"], f["column"]) for f in flags] == [(2, "fwd_s")]
+    assert "8.000 ms at 2 samples" in flags[0]["why"]
+
+
+def test_profile_measures_host_time_and_checkpoint_costs():
+    module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
+    prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=2, warmup=1, progress=False)
+    t = prof.table
+    for column in ("host_fwd_s", "host_bwd_s", "ckpt_fwd_s", "ckpt_bwd_s"):
+        assert column in prof.optional_columns and (t[column] >= 0).all()
+    # on CPU the host issues the work and does it: the same clock, the same region
+    assert (t["host_fwd_s"] == t["fwd_s"]).all()
+    assert {"ckpt_fwd_s", "ckpt_bwd_s"} <= set(prof.meta["whole_model"]["2"])
+    span = prof.span_cost(0, prof.n_layers, 2)
+    assert span.ckpt_fwd_extra_s >= 0 and span.ckpt_bwd_extra_s >= 0

@@ -71,7 +71,8 @@ def _stash_per_microbatch(prof, checkpoint):
     ("gpipe", 4, 8, 8), ("1f1b", 4, 8, 4), ("1f1b", 4, 2, 2), ("gpipe", 2, 5, 5)])
 def test_stage0_holds_m_micro_batches_under_gpipe_and_n_under_1f1b(schedule, n, m, held):
     prof = uniform_profile(n, sizes=(1, 2))
-    trace = simulate(prof, Plan([1] * n, m, m, checkpoint="never", schedule=schedule))
+    trace = simulate(prof, Plan([1] * n, m, m, checkpoint="never", schedule=schedule,
+                                optimizer="adam"))
     got = metrics(trace)
     static = 1000 * 3  # params + Adam state
     grads = 1000
@@ -83,7 +84,7 @@ def test_stage0_holds_m_micro_batches_under_gpipe_and_n_under_1f1b(schedule, n, 
 def test_always_keeps_only_stage_boundaries():
     small = uniform_profile(2, saved_bytes=300)
     big = uniform_profile(2, saved_bytes=3000)  # layers keep 10x more internals
-    plan = Plan([1, 1], 4, 4, checkpoint="always")
+    plan = Plan([1, 1], 4, 4, checkpoint="always", optimizer="adam")
     levels = [_level_after_forwards(simulate(p, plan)) for p in (small, big)]
     assert levels[0] == levels[1] == 3000 + 4 * 100  # static + 4 stage outputs
 
