@@ -30,16 +30,23 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.ledger import MemoryLedger
+from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.pipeline import RunResult, check_inputs, measured_meta, stage_skips
+from executor.pipeline import (
+    TRACKED,
+    TRACKED_COUNTS,
+    RunResult,
+    check_inputs,
+    measured_meta,
+    stage_skips,
+)
 from executor.recorder import Recorder, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
-from pipesim.trace import MEASURED_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
 
 #: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
 Job = Callable[[], tuple[nn.Sequential, Callable, torch.Tensor, torch.Tensor]]
@@ -57,7 +64,9 @@ class RankResult:
     grads: dict[str, object] | None  # parameter name (as in the unsplit module) -> numpy
     step_wall_s: list[float]  # per measured iteration: barrier passed -> all sends done
     messages: list[tuple] = field(default_factory=list)  # transport log, iteration-relative
-    peak_memory_bytes: int = 0  # CUDA allocator peak, or the CPU ledger's (executor.ledger)
+    peak_memory_bytes: int = 0  # CUDA allocator peak, or the tracker's on CPU
+    #: the tracked iteration's memory: (seconds from its origin, bytes), executor.memtrack
+    memory: list[tuple[float, int]] = field(default_factory=list)
 
 
 def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
@@ -95,9 +104,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         if device.type == "cuda":
             recorder.origin_event = torch.cuda.Event(enable_timing=True)
             recorder.origin_event.record()
-        ledger = MemoryLedger() if track_memory else None
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
-                             fail_at=fail_at, ledger=ledger, skips=skips)
+                             fail_at=fail_at, skips=skips)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         runner.run(schedule.order[rank], xs, ys)
@@ -123,8 +131,30 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             walls.append(wall)
             if device.type == "cuda":
                 peak = max(peak, int(torch.cuda.max_memory_allocated(device)))
-            elif ledger is not None:
-                peak = max(peak, max(ledger.peak.values(), default=0))
+    memory: list[tuple[float, int]] = []
+    if track_memory:
+        # one more iteration, every tensor tracked (slower: kept out of the timed ones)
+        for stage in mine.values():
+            stage.zero_grad(set_to_none=True)
+        timeline = Timeline(granularity_of(device))
+        timeline.add_existing("rank", [t for m in mine.values()
+                                       for t in (*m.parameters(), *m.buffers())])
+        dist.barrier()
+        t0 = time.perf_counter()
+        runner = StageRunner(rank, mine, plan, loss_fn, device, transport,
+                             Recorder(rank, device, origin=t0), skips=skips)
+        if device.type == "cuda":
+            runner.recorder.origin_event = torch.cuda.Event(enable_timing=True)
+            runner.recorder.origin_event.record()
+        with Tracker(timeline, "rank"):
+            runner.run(schedule.order[rank], xs, ys)
+        transport.finish_iteration()
+        transport.log.clear()
+        commit_deferred_batch_norm(module)
+        memory = [(t - t0, level) for t, _, level in timeline.rows]
+        if device.type != "cuda":
+            peak = timeline.peak["rank"]
+        timeline.forget()
     grads = None
     if return_grads:
         # named as in the unsplit module; numpy pickles by value, while a tensor would
@@ -132,7 +162,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         my_layers = {str(i) for s in mine for i in plan.stage_layers(s)}
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
-    return RankResult(rank, rows, losses, grads, walls, peak_memory_bytes=peak, messages=messages)
+    return RankResult(rank, rows, losses, grads, walls, peak_memory_bytes=peak, messages=messages,
+                      memory=memory)
 
 
 _SEND_KIND = {"F": "SEND_F", "B": "SEND_B", "S": "SEND_S", "SB": "SEND_SB"}
@@ -271,10 +302,12 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
         rows += shift_rows(transfer_rows([m for r in ranks.values() for m in r.messages]), 0.0)
         losses = ranks[schedule.placement[-1]].losses
         peaks = {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks} if track_memory else None
+        memory = frame_from_rows([(0, f"rank{r}", t, b) for r in sorted(ranks)
+                                  for t, b in ranks[r].memory], MEMORY_COLUMNS)
         meta = measured_meta(plan, schedule, "torch.distributed/gloo",
                              {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
-                             peaks, "executor ledger (CPU)", threads_per_rank=threads_per_rank,
-                             pinned=pin_cores)
-        out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), meta=meta), losses),
-                    ranks))
+                             peaks, TRACKED, memory_counted=TRACKED_COUNTS,
+                             threads_per_rank=threads_per_rank, pinned=pin_cores)
+        out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), memory, meta),
+                              losses), ranks))
     return out

@@ -22,11 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import pandas as pd
 import torch
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.ledger import CUDA_PEAK_COUNTS, MemoryLedger, cuda_peaks, plan_bytes, reset_cuda_peaks
+from executor.cuda_peaks import CUDA_PEAK_COUNTS, cuda_peaks, plan_bytes, reset_cuda_peaks
+from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder, shift_rows
@@ -37,7 +39,27 @@ from executor.workers import WorkerPool
 from pipesim.errors import PlanError
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
-from pipesim.trace import MEASURED_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
+
+#: the memory source and what it counts, for a measured trace's metadata
+TRACKED = "executor.memtrack (every tensor torch allocates; one extra, tracked iteration)"
+TRACKED_COUNTS = ("every storage alive on the worker: parameters, gradients, saved and received "
+                  "tensors, temporaries and recomputation; not the batch, not allocator caching")
+
+
+def _held_tensors(stages) -> list[torch.Tensor]:
+    """What a worker holds before a step: its parameters, buffers and existing gradients."""
+    out = []
+    for m in stages:
+        out += [*m.parameters(), *m.buffers()]
+        out += [p.grad for p in m.parameters() if p.grad is not None]
+    return out
+
+
+def timeline_frame(timeline: Timeline, origin: float, iteration: int = 0) -> pd.DataFrame:
+    """A tracker's timeline as a Trace memory frame (times from ``origin``, seconds)."""
+    rows = [(iteration, device, t - origin, level) for t, device, level in timeline.rows]
+    return frame_from_rows(rows, MEMORY_COLUMNS)
 
 
 @dataclass
@@ -144,15 +166,16 @@ class Pipeline:
                 if self.schedule.placement[s] == worker}
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, iteration: int = 0,
-             fail_at: tuple[int, str] | None = None) -> tuple[list[tuple], float, dict[str, int]]:
+             fail_at: tuple[int, str] | None = None,
+             timeline: Timeline | None = None) -> tuple[list[tuple], float, dict[str, int]]:
         """One iteration (gradients accumulate into ``.grad``; clear them yourself).
 
-        Returns the trace rows, the batch's mean loss, and peak bytes per device (CUDA
-        allocator peaks, or the CPU ledger's; see :mod:`executor.ledger`).
-        ``fail_at=(worker, "1F0")`` injects a failure (for tests).
+        Returns the trace rows, the batch's mean loss, and peak bytes per CUDA device
+        (:mod:`executor.cuda_peaks`).  With a ``timeline``, every tensor each worker
+        allocates is counted there under ``dev{worker}`` (:mod:`executor.memtrack`; ops
+        run slower under it).  ``fail_at=(worker, "1F0")`` injects a failure (for tests).
         """
         check_inputs(self.module, self.plan, self.schedule, inputs.shape[0])
-        ledger = MemoryLedger() if self.track_memory else None
         first, last = self.devices[self.schedule.placement[0]], self.devices[
             self.schedule.placement[-1]]
         xs = scatter(inputs.to(first), self.plan)
@@ -173,8 +196,11 @@ class Pipeline:
         runners = [StageRunner(w, self._stages_of(w), self.plan, self.loss_fn, dev, transport,
                                recorders[w], self.rng_lock,
                                fail_at=fail_at[1] if fail_at and fail_at[0] == w else None,
-                               ledger=ledger, skips=self.skips)
+                               skips=self.skips)
                    for w, dev in enumerate(self.devices)]
+        if timeline is not None:
+            for w in range(len(self.devices)):
+                timeline.add_existing(f"dev{w}", _held_tensors(self._stages_of(w).values()))
         errors: list[BaseException] = []
 
         def work(w: int) -> None:
@@ -182,7 +208,9 @@ class Pipeline:
             try:
                 ctx = (torch.cuda.stream(self._stream(w)) if dev.type == "cuda"
                        else contextlib.nullcontext())
-                with ctx:
+                tracking = (Tracker(timeline, f"dev{w}") if timeline is not None
+                            else contextlib.nullcontext())
+                with ctx, tracking:
                     if dev.type == "cuda":
                         torch.cuda.current_stream(dev).wait_event(recorders[w].origin_event)
                     runners[w].run(self.schedule.order[w], xs, ys)
@@ -214,8 +242,7 @@ class Pipeline:
         commit_deferred_batch_norm(self.module)
         rows = [row for rec in recorders for row in rec.rows(iteration)]
         loss = sum(runners[self.schedule.placement[-1]].losses.values())
-        cpu_peaks = dict(ledger.peak) if ledger is not None else {}
-        return rows, loss, {**cpu_peaks, **cuda_peaks(self.devices, base, own)}
+        return rows, loss, cuda_peaks(self.devices, base, own)
 
     def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
             warmup: int = 2) -> RunResult:
@@ -223,7 +250,10 @@ class Pipeline:
 
         Gradients are cleared (set to None) before every iteration, so after the call
         ``.grad`` holds the last iteration's gradients.  Times in the Trace are seconds
-        from the first measured iteration's origin, iterations laid end to end.
+        from the first measured iteration's origin, iterations laid end to end.  With
+        ``track_memory``, one more iteration runs under the memory tracker: its timeline
+        (every tensor, per worker) becomes the Trace's memory, its peaks the CPU peaks;
+        the timed iterations run untracked (tracking slows every op).
         """
         rows: list[tuple] = []
         losses: list[float] = []
@@ -242,11 +272,20 @@ class Pipeline:
                 peaks[d] = max(peaks.get(d, 0), p)
         actions = frame_from_rows(rows, MEASURED_COLUMNS)
         on_cuda = any(d.type == "cuda" for d in self.devices)
-        memory_source = "torch.cuda.max_memory_allocated" if on_cuda else "executor ledger (CPU)"
+        memory = None
+        if self.track_memory:
+            self.module.zero_grad(set_to_none=True)
+            timeline = Timeline(granularity_of(self.devices[0]))
+            origin = time.perf_counter()
+            self.step(inputs, targets, iteration=0, timeline=timeline)
+            memory = timeline_frame(timeline, origin)
+            timeline.forget()
+            if not on_cuda:
+                peaks = {d: int(v) for d, v in timeline.peak.items()}
         meta = measured_meta(self.plan, self.schedule, "threads",
                              {w: str(d) for w, d in enumerate(self.devices)}, iterations, warmup,
-                             losses, peaks, memory_source,
-                             memory_counted=CUDA_PEAK_COUNTS if on_cuda else
-                             "saved tensors, received inputs, outputs, parameters and gradients "
-                             "(ledger; no transients)")
-        return RunResult(Trace(actions, meta=meta), losses)
+                             losses, peaks, "torch.cuda.max_memory_allocated" if on_cuda
+                             else TRACKED, memory_counted=CUDA_PEAK_COUNTS if on_cuda else
+                             TRACKED_COUNTS)
+        return RunResult(Trace(actions, memory if memory is not None else
+                               frame_from_rows([], MEMORY_COLUMNS), meta), losses)

@@ -15,7 +15,7 @@ accumulate to exactly the full batch's.  Skip connections crossing stages
 (:mod:`executor.skip`) are sent straight from the stashing to the popping stage after the
 forward, and their gradients straight back after the popping stage's backward; the
 stashing stage's backward then runs from its output and its stashed tensors together.
-On CPU the runner keeps a byte ledger of what it holds (:mod:`executor.ledger`).
+Memory is measured around the runner, not by it (:mod:`executor.memtrack`).
 Checkpointing preserves the random state, so dropout in the recomputation draws the
 first forward's masks.  Threads of one process share one random generator: where a
 worker's stages use dropout, its forwards and checkpointed backwards hold ``rng_lock`` so
@@ -33,8 +33,6 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from executor.batchnorm import recomputing
-from executor.ledger import MemoryLedger
-from executor.memory import module_bytes, parameter_keys, record_saved_tensors, storage_sizes
 from executor.microbatch import loss_weight
 from executor.partition import has_dropout
 from executor.recorder import Recorder
@@ -55,7 +53,7 @@ class StageRunner:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  device: torch.device, transport, recorder: Recorder,
                  rng_lock: threading.Lock | None = None,
-                 fail_at: str | None = None, ledger: MemoryLedger | None = None,
+                 fail_at: str | None = None,
                  skips: tuple[tuple[str, int, int], ...] = ()):
         self.worker, self.stages, self.plan, self.loss_fn = worker, stages, plan, loss_fn
         self.device, self.transport, self.recorder = device, transport, recorder
@@ -69,14 +67,6 @@ class StageRunner:
         self.skips_out = {st: [(n, b) for n, a, b in skips if a == st] for st in stages}
         self._skip_state: dict[tuple[int, int], dict] = {}
         self.losses: dict[int, float] = {}
-        # CPU memory ledger (see executor.ledger): bytes held per micro-batch in flight
-        self.ledger = ledger if device.type != "cuda" else None  # CUDA: allocator peaks
-        self.ledger_name = f"dev{worker}"
-        self._held: dict[tuple[int, int], int] = {}
-        self._grads_counted: set[int] = set()
-        self._param_keys = {s: parameter_keys(m) for s, m in stages.items()}
-        if self.ledger is not None:
-            self.ledger.add(self.ledger_name, sum(module_bytes(m) for m in stages.values()))
 
     def _locked(self):
         return self.rng_lock if self.rng_lock is not None else contextlib.nullcontext()
@@ -110,20 +100,13 @@ class StageRunner:
             module = self._wrap(s, m, module)
         rec = self.recorder
         rec.start(s, m, "F")
-        saving = record_saved_tensors() if self.ledger is not None else contextlib.nullcontext()
-        with self._locked(), saving as saved:
+        with self._locked():
             if self.plan.checkpointed(m):
                 out = checkpoint(module, x, use_reentrant=False, preserve_rng_state=True)
             else:
                 out = module(x)
             y = self.loss_fn(out, targets[m]) * loss_weight(self.plan, m) if s == self.last else out
         rec.stop(s, m, "F")
-        if self.ledger is not None:
-            # each storage once: what autograd saved, the received input, the stage output
-            held = {k: n for k, n in saved.storages.items() if k not in self._param_keys[s]}
-            held.update(storage_sizes([x, out] if s > 0 else [out]))
-            self._held[(s, m)] = sum(held.values())
-            self.ledger.add(self.ledger_name, self._held[(s, m)])
         self.stash[(s, m)] = (x, y)
         if s == self.last:
             self.losses[m] = float(y.detach())
@@ -187,12 +170,6 @@ class StageRunner:
                 g = sum(box) if box else torch.zeros(shape, dtype=dtype, device=device)
                 self.transport.send(g, src, f"SB:{name}", m, src_stage=s)
             state.clear()
-        if self.ledger is not None:
-            if s not in self._grads_counted:  # gradients now exist for this stage
-                self._grads_counted.add(s)
-                self.ledger.add(self.ledger_name, sum(p.numel() * p.element_size()
-                                                     for p in self.stages[s].parameters()))
-            self.ledger.add(self.ledger_name, -self._held.pop((s, m)))
         del y, grad
         if s > 0:
             if x.grad is None:

@@ -7,7 +7,7 @@ sent, a send is dropped.  Shapes come from one unpipelined forward per micro-bat
 (:func:`message_shapes`).  The stage runs its actions in schedule order on its device:
 
     peak = run_stage_alone(module, plan, stage=1, inputs=x, targets=y, device="cuda:0")
-    peak["allocated"], peak["reserved"]      # CUDA allocator peaks (bytes); CPU: the ledger
+    peak["allocated"], peak["reserved"]      # CUDA allocator peaks (bytes); "tracked" on CPU
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from executor.ledger import MemoryLedger
+from executor.memtrack import Timeline, Tracker
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import stage_skips
@@ -85,7 +85,8 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
                     targets: torch.Tensor, *, device: str | torch.device = "cpu",
                     loss_fn: Callable | None = None, schedule: Schedule | None = None,
                     iterations: int = 2) -> dict[str, int]:
-    """Peak bytes of ``stage`` run alone: ``allocated``/``reserved`` (CUDA) or ``ledger`` (CPU).
+    """Peak bytes of ``stage`` run alone: ``allocated``/``reserved`` (CUDA allocator) or
+    ``tracked`` (CPU: every tensor, :mod:`executor.memtrack`, parameters included).
 
     The stage's actions keep the order its device has in ``schedule``; the last iteration
     is measured after the first warms the allocator up.
@@ -100,22 +101,26 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
     peaks: dict[str, int] = {}
     for _ in range(iterations):
         part.zero_grad(set_to_none=True)
-        ledger = MemoryLedger()
+        timeline = Timeline()
+        timeline.add_existing("stage", [*part.parameters(), *part.buffers()])
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
         runner = StageRunner(0, {stage: part}, plan, loss_fn or nn.functional.cross_entropy,
                              device, SynthTransport(shapes, device), Recorder(0, device),
-                             ledger=ledger, skips=stage_skips(module, plan))
+                             skips=stage_skips(module, plan))
         if device.type == "cuda":
             runner.recorder.origin_event = torch.cuda.Event(enable_timing=True)
             runner.recorder.origin_event.record()
-        runner.run(actions, xs, ys)
         if device.type == "cuda":
+            runner.run(actions, xs, ys)
             torch.cuda.synchronize(device)
             peaks = {"allocated": int(torch.cuda.max_memory_allocated(device)),
                      "reserved": int(torch.cuda.max_memory_reserved(device))}
         else:
-            peaks = {"ledger": max(ledger.peak.values(), default=0)}
+            with Tracker(timeline, "stage"):
+                runner.run(actions, xs, ys)
+            peaks = {"tracked": timeline.peak["stage"]}
+        timeline.forget()
     return peaks

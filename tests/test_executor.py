@@ -170,18 +170,43 @@ def test_measured_traces_hold_transfers_between_the_right_ranks():
     assert (sends.nbytes == 2 * 16 * 4).all()  # 2 samples x 16 float32 features
 
 
-@pytest.mark.parametrize("name,sizes,balance", [
-    ("mlp", MLP, [2, 2]), ("unet", dict(depth=2, width=4, image_size=8), [3, 4, 6])])
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.slow
+@pytest.mark.parametrize("name,sizes,balance,schedule", [
+    ("mlp", MLP, [2, 2], "1f1b"), ("unet", dict(depth=2, width=4, image_size=8), [3, 4, 6], "gpipe")])
 def test_a_stage_alone_holds_what_it_holds_in_the_pipeline(name, sizes, balance, schedule):
+    # one process per stage: each rank holds what it receives, as a stage alone does
     from executor.stage_alone import run_stage_alone
 
-    module, loss_fn, x, y = builtin_job(name, 8, **sizes)
+    job = functools.partial(builtin_job, name, 8, **sizes)
+    module, loss_fn, x, y = job()
     plan = Plan(balance, 4, 8, checkpoint="except_last", schedule=schedule)
-    piped = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
-    alone = [run_stage_alone(module, plan, s, x, y, loss_fn=loss_fn)["ledger"]
+    piped, _ = spawn(job, plan, iterations=1, warmup=0)
+    alone = [run_stage_alone(module, plan, s, x, y, loss_fn=loss_fn)["tracked"]
              for s in range(plan.n_stages)]
-    assert alone == [piped.trace.meta["peak_memory"][f"dev{s}"] for s in range(plan.n_stages)]
+    piped_peaks = [piped.trace.meta["peak_memory"][f"rank{s}"] for s in range(plan.n_stages)]
+    # the real transport holds more: shape headers, and receive buffers it posts before the
+    # stage asks for them; a stage alone makes its neighbours' tensors when they are used
+    for a, p in zip(alone, piped_peaks, strict=True):
+        assert a <= p <= 1.15 * a
+
+
+def test_memory_tracker_sees_every_tensor_of_a_step():
+    from executor.memtrack import Timeline, Tracker
+
+    layer = nn.Linear(64, 64)
+    x = torch.randn(16, 64)
+    timeline = Timeline()
+    timeline.add_existing("d", layer.parameters())
+    params = (64 * 64 + 64) * 4
+    with Tracker(timeline, "d"):
+        y = layer(x)  # the output; the weight's transposed view is no new memory
+        assert timeline.level["d"] == params + 16 * 64 * 4
+        y.sum().backward()  # gradients appear, and transients come and go
+        del y
+    assert timeline.level["d"] == 2 * params  # parameters and their gradients remain
+    assert timeline.peak["d"] > 2 * params  # the backward's temporaries were seen
+    levels = [b for _, _, b in timeline.rows]
+    assert levels[-1] == timeline.level["d"] and max(levels) == timeline.peak["d"]
 
 
 # ------------------------------------------------ long-lived workers, host columns

@@ -1,35 +1,14 @@
-"""Peak memory per device: CUDA allocator statistics, or a byte ledger on CPU.
+"""Peak memory of a run from the CUDA caching allocator's own statistics.
 
-On CUDA the peak is ``torch.cuda.max_memory_allocated`` over the measured iteration (reset
-at its start), the allocator's truth.  CPU has no allocator statistics, so there the
-runtime keeps a ledger of what it holds: parameters, gradients and optimizer state
-(``plan.optimizer_state_factor`` bytes per parameter byte), plus per micro-batch in
-flight the storages autograd saved in the forward (counted once, parameters excluded),
-the received input and the stage output, released when the backward ends.  The ledger
-measures real tensors, not the allocator's fragmentation or temporaries.
+The peak is ``torch.cuda.max_memory_allocated`` over the measured steps (reset at the
+start of each), less what the process held before the step that is not the plan's:
+memory of earlier models and plans does not pollute it.  CPU has no allocator
+statistics: there (and on CUDA for a timeline) :mod:`executor.memtrack` counts tensors.
 """
 
 from __future__ import annotations
 
-import threading
-from collections import defaultdict
-
 import torch
-
-
-class MemoryLedger:
-    """Thread-safe byte ledger per device name, with peaks."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self.level: dict[str, int] = defaultdict(int)
-        self.peak: dict[str, int] = defaultdict(int)
-
-    def add(self, device: str, nbytes: int) -> None:
-        with self._lock:
-            self.level[device] += nbytes
-            self.peak[device] = max(self.peak[device], self.level[device])
-
 
 #: what a CUDA peak counts (the measured trace's ``meta["memory_counted"]``)
 CUDA_PEAK_COUNTS = ("allocator peak during the measured steps, less what was allocated before "
