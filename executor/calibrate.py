@@ -160,7 +160,9 @@ def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes")
     contention = measure_contention(min(n_devices, 2))
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
-                   host_contention=contention["host_contention"], name=name)
+                   host_contention=contention["host_contention"],
+                   sender_keeps_gradients=True,  # the gloo transport (executor.transport)
+                   name=name)
 
 
 def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,

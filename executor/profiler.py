@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
+from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.skip import SkipTracker, check_skips, use_tracker
 from executor.timing import Stopwatch, synchronize
 from pipesim.profile import COLUMNS, OPTIONAL_COLUMNS, Profile
@@ -48,6 +49,38 @@ def _detached_input(x: torch.Tensor) -> torch.Tensor:
     if x.is_floating_point():
         x.requires_grad_(True)
     return x
+
+
+def _transients(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+                target: torch.Tensor | None, grad: torch.Tensor | None,
+                row: dict[str, float]) -> dict[str, float]:
+    """Bytes a layer holds only while it runs, seen by :mod:`executor.memtrack`.
+
+    ``fwd_transient_bytes``: the forward's peak above what it leaves behind (temporaries).
+    ``bwd_transient_bytes``: the backward's rise above its start, less the input gradient
+    (and, after a loss, the output's gradient) that the simulator counts itself: weight
+    gradients being formed before they are added to ``.grad``, and other temporaries.
+    Measured with gradients already present, as in every backward but a stage's first.
+    """
+    timeline = Timeline(granularity_of(x.device))
+    held = [*layer.parameters(), *layer.buffers(), x, x.grad, target, grad]
+    held += [p.grad for p in layer.parameters() if p.grad is not None]
+    timeline.add_existing("d", [t for t in held if t is not None])
+    with Tracker(timeline, "d"):
+        y = layer(x)
+        out = loss_fn(y, target) if loss_fn is not None else y
+        after = timeline.level["d"]
+        fwd_transient = timeline.peak["d"] - after
+        timeline.peak["d"] = after  # the backward's own peak from here
+        if out.requires_grad:
+            _backward(out, grad)
+        rise = timeline.peak["d"] - after
+        del y, out
+    timeline.forget()
+    counted = (row["input_bytes"] if x.requires_grad else 0) + (
+        row["output_bytes"] if loss_fn is not None else 0)
+    return {"fwd_transient_bytes": float(fwd_transient),
+            "bwd_transient_bytes": float(max(rise - counted, 0))}
 
 
 def _run_layer(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
@@ -90,6 +123,7 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None =
     if needs_grad:
         _backward(out, grad)
     del out
+    row.update(_transients(layer, x, loss_fn, target, grad, row))
     fwd, bwd = Stopwatch(device), Stopwatch(device)
     for i in range(warmup + repeats):
         timed = i >= warmup

@@ -114,7 +114,9 @@ class DistTransport:
 
     Shapes travel in a small header the first time each (stage, kind, micro-batch) is
     sent; later iterations reuse them.  Tags keep concurrent messages between the same
-    two ranks apart (gloo honours tags).
+    two ranks apart (gloo honours tags).  A sent tensor is held until its send completes
+    and no longer: finished sends are dropped whenever the rank sends or receives, so a
+    gradient sent back does not stay alive on the sender to the end of the iteration.
     """
 
     def __init__(self, rank: int, placement: tuple[int, ...], n_microbatches: int,
@@ -140,8 +142,14 @@ class DistTransport:
             return self.placement[src_stage]
         return self.placement[stage - 1] if kind == "F" else self.placement[stage + 1]
 
+    def _prune(self) -> None:
+        """Forget sends that completed (their tensors may go free)."""
+        if self._pending:
+            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
+
     def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
              src_stage: int | None = None) -> None:
+        self._prune()
         dst = self.placement[dst_stage]
         key = (dst_stage, kind, mb)
         if dst == self.rank:
@@ -163,6 +171,7 @@ class DistTransport:
         self.sent_bytes += nbytes
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
+        self._prune()
         src = self._peer(stage, kind, src_stage)
         key = (stage, kind, mb)
         if src == self.rank:

@@ -31,6 +31,10 @@ class StageCost:
     keep_bytes: float
     recompute_bytes: float
     param_bytes: float
+    #: held only while F runs (above what it has kept so far) / while B runs (beyond the
+    #: input gradient): temporaries, weight gradients being formed; 0 if not profiled
+    fwd_transient_bytes: float = 0.0
+    bwd_transient_bytes: float = 0.0
 
 
 class PlanCosts:
@@ -65,6 +69,12 @@ class PlanCosts:
                         keep_bytes=span.output_bytes if ckpt else internal,
                         recompute_bytes=internal - span.output_bytes if ckpt else 0.0,
                         param_bytes=span.param_bytes,
+                        # a checkpointed forward saves nothing as it goes: only a layer's
+                        # temporaries; a recomputation runs inside the backward, beside
+                        # the recomputed activations (recompute_bytes)
+                        fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
+                        bwd_transient_bytes=max(span.bwd_transient_bytes,
+                                                span.fwd_temp_bytes if ckpt else 0.0),
                     )
                 row.append(cache[key])
             self._table.append(row)

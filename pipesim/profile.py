@@ -32,6 +32,9 @@ Optional columns (profiles without them still load; the simulator then falls bac
                             and random-state bookkeeping included)
 ``ckpt_bwd_s``      float   backward seconds of a checkpointed forward: recomputation,
                             then the backward
+``fwd_transient_bytes`` int bytes the forward holds only while it runs (temporaries)
+``bwd_transient_bytes`` int bytes the backward holds only while it runs, beyond the input
+                            gradient: weight gradients being formed, temporaries
 =================== ======= =====================================================
 
 On disk a Profile is ``NAME.csv`` (the table) beside ``NAME.json`` (the metadata), both
@@ -80,6 +83,8 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "host_bwd_s": "float",
     "ckpt_fwd_s": "float",
     "ckpt_bwd_s": "float",
+    "fwd_transient_bytes": "float",
+    "bwd_transient_bytes": "float",
 }
 _TIME_COLUMNS = ("fwd_s", "bwd_s")
 _BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
@@ -102,6 +107,13 @@ class LayerCost:
     #: profile did not measure it
     ckpt_fwd_extra_s: float = 0.0
     ckpt_bwd_extra_s: float = 0.0
+    #: bytes held only while the span's forward runs, above what the forward had kept so
+    #: far (peak over its layers); and the same for the backward (see the columns)
+    fwd_transient_bytes: float = 0.0
+    bwd_transient_bytes: float = 0.0
+    #: the largest temporaries of one layer's forward alone (nothing kept before it): what
+    #: a checkpointed forward, or a recomputation, holds beside its activations
+    fwd_temp_bytes: float = 0.0
 
 
 @dataclass
@@ -225,8 +237,11 @@ class Profile:
         # Inner boundaries: output of layer i is the input of layer i+1, one storage.
         shared = np.minimum(s_out[:-1], s_in[1:]).sum() if stop - first > 1 else 0.0
         # The stage output stays alive until its backward (autograd holds it for the
-        # gradient that arrives from the next stage), saved or not.
-        stash = saved.sum() - shared - s_out[-1] + cols["output_bytes"][-1]
+        # gradient that arrives from the next stage), saved or not -- unless the span ends
+        # in the loss: then its output is the loss, and the last layer's output (logits)
+        # lives on only as far as the loss saved it.
+        loss_span = stop == self.n_layers and self.meta.get("loss_in_last_layer", False)
+        stash = saved.sum() - shared - (0.0 if loss_span else s_out[-1] - cols["output_bytes"][-1])
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
         excess = self.isolation_excess(micro_batch, extrapolate=extrapolate)
@@ -247,6 +262,13 @@ class Profile:
                 ckpt_fwd -= share * ck[0]
                 ckpt_bwd -= share * ck[1]
             ckpt_fwd, ckpt_bwd = max(ckpt_fwd, 0.0), max(ckpt_bwd, 0.0)
+        fwd_transient = bwd_transient = fwd_temp = 0.0
+        if "fwd_transient_bytes" in cols:
+            # the forward of layer i runs on top of what layers before it saved
+            kept_before = np.concatenate([[0.0], np.cumsum(saved)[:-1]])
+            fwd_transient = float((kept_before + cols["fwd_transient_bytes"]).max())
+            fwd_temp = float(cols["fwd_transient_bytes"].max())
+            bwd_transient = float(cols["bwd_transient_bytes"].max())
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,
@@ -256,6 +278,9 @@ class Profile:
             param_bytes=float(cols["param_bytes"].sum()),
             ckpt_fwd_extra_s=ckpt_fwd,
             ckpt_bwd_extra_s=ckpt_bwd,
+            fwd_transient_bytes=fwd_transient,
+            bwd_transient_bytes=bwd_transient,
+            fwd_temp_bytes=fwd_temp,
         )
 
     def isolation_excess(self, micro_batch: float, *, extrapolate: bool = False,

@@ -21,11 +21,15 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
     static      parameters + optimizer state, from time 0
     gradients   + parameter bytes at the first backward of each stage
-    stash       + keep_bytes at the end of F(s, m), - at the end of B(s, m)
+    stash       + keep_bytes at the end of F(s, m), - during B(s, m): freed in
+                RELEASE_STEPS equal parts as the backward walks back (with the
+                recomputed activations when checkpointed)
     received    + input bytes when an activation arrives from another device,
                 + output bytes when a gradient arrives; freed at the end of B(s, m)
-    transient   during B: the input gradient being produced, the loss gradient on the
-                last stage, and the recomputed activations when checkpointed
+    transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
+                the input gradient being produced, the loss gradient on the last stage,
+                the recomputed activations when checkpointed, and the backward's own
+                temporaries and weight gradients being formed (``bwd_transient_bytes``)
 """
 
 from __future__ import annotations
@@ -72,6 +76,12 @@ class _Step(NamedTuple):
     alloc_end: float  # bytes allocated (negative: freed) when it ends
     send: _Send | None
     extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
+    release: float = 0.0  # bytes freed progressively while it runs (see RELEASE_STEPS)
+
+
+#: a backward frees its stage's saved (or recomputed) activations as it walks back through
+#: the layers: modelled as this many equal releases spread over the backward proper
+RELEASE_STEPS = 4
 
 
 class _Send(NamedTuple):
@@ -102,6 +112,7 @@ class _Run:
         self.slots: list[float | simpy.Event | None] = [None] * sim.n_events
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.rows: list[tuple] = []
+        self.held: list[tuple[str, float]] = []  # (device, bytes) freed at the step's end
         self.deltas: list[tuple[str, float, float]] = [
             (device, 0.0, static) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
@@ -136,12 +147,19 @@ class _Run:
             end = start + send.seconds + send.latency_s
             self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
                               self.origin + end, round(send.nbytes), send.resource))
-        if send.dst_device and self.sim.track_memory:
+        if self.sim.track_memory and send.kind in ("SEND_B", "SEND_SB") and send.dst_device \
+                and self.sim.cluster.sender_keeps_gradients:
+            # the sender's gradient lives on to the end of the step (see the Cluster field)
+            if send.kind == "SEND_SB":  # made by the backward, not counted there: count it
+                self.deltas.append((send.src_device, now, send.nbytes))
+            self.held.append((send.src_device, send.nbytes))
+        elif send.dst_device and self.sim.track_memory and send.kind == "SEND_B":
+            self.deltas.append((send.src_device, end, -send.nbytes))
+        if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB":
             # The one memory rule of a transfer, whatever the link (a free link is an
             # instant transfer, not a hand-over): the receiver holds a buffer from the
-            # arrival on; a gradient's buffer on the sender goes free at the same moment.
-            if send.kind == "SEND_B":
-                self.deltas.append((send.src_device, end, -send.nbytes))
+            # arrival on; a gradient's buffer on the sender goes free at the same moment
+            # (or at the step's end, above).  A skip's gradient is consumed at once.
             self.deltas.append((send.dst_device, end, send.nbytes))
         self._arrive(index, end)
 
@@ -185,6 +203,11 @@ class _Run:
             end = env.now
             if track and step.alloc_end:
                 deltas.append((device, end, step.alloc_end))
+            if track and step.release:
+                back = start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
+                part = step.release / RELEASE_STEPS
+                for j in range(1, RELEASE_STEPS + 1):
+                    deltas.append((device, back + (end - back) * j / RELEASE_STEPS, -part))
             if step.recompute_s:
                 r_end = start + (end - start) * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
@@ -203,6 +226,8 @@ class _Run:
         unfinished = [w for w, p in enumerate(procs) if p.is_alive]
         if unfinished:  # cannot happen for a checked schedule; guard against a stall
             raise RuntimeError(f"simulation stalled: workers {unfinished} did not finish")
+        for device, nbytes in self.held:  # sends kept to the step's end go now
+            self.deltas.append((device, self.env.now, -nbytes))
         return self.origin + self.env.now
 
     def memory_frame(self) -> pd.DataFrame:
@@ -326,16 +351,26 @@ class Simulator:
         if kind == FORWARD:
             seconds = c.fwd_s + overhead if measured is None else measured
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
-            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, 0.0, c.keep_bytes, send)
+            # transients are held while the forward runs; what it keeps stays at its end
+            t = c.fwd_transient_bytes
+            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, t,
+                         c.keep_bytes - t, send)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
-        alloc_start = c.recompute_bytes + in_grad + loss_grad
+        # transients of the backward: a stage's first backward turns its new weight
+        # gradients into .grad (counted in param_bytes); later ones add them from temporaries
+        transient = c.bwd_transient_bytes
         if first_backward:  # gradients are allocated by the first backward
-            alloc_start += c.param_bytes
+            transient = max(transient - c.param_bytes, 0.0) + c.param_bytes
+        alloc_start = c.recompute_bytes + in_grad + loss_grad + transient
+        if first_backward:
+            transient -= c.param_bytes  # the gradients stay
         # Freed at the end: stash, recomputed activations, loss gradient, the received
         # activation (another device's) and the received gradient.  The input gradient
         # lives on: handed to stage s-1 on this device, or freed when its send ends.
-        freed = c.recompute_bytes + loss_grad + c.keep_bytes
+        # the stash and the recomputed activations go as the backward walks back
+        release = c.recompute_bytes + c.keep_bytes
+        freed = loss_grad + transient
         if s > 0 and self.resource_of[self.placement[s - 1]] != device:
             freed += boundary
         if s < n - 1:
@@ -347,7 +382,7 @@ class Simulator:
             recompute = min(c.recompute_s, seconds)
         send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
         waits = (s * m * 2 + 1,) if s < n - 1 else ()
-        return _Step(s, kind, waits, seconds, recompute, alloc_start, -freed, send)
+        return _Step(s, kind, waits, seconds, recompute, alloc_start, -freed, send, release=release)
 
     def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
         """Add the skip connections that start or end at this step's stage.
@@ -390,10 +425,9 @@ class Simulator:
         if event is None:
             event = dst_stage * m * 2 + (kind == "SEND_B")
         src_dev, dst_dev = self.resource_of[src], self.resource_of[dst]
-        # a buffer on the receiver unless both stages are on one physical device (a
-        # hand-over); a skip's gradient is consumed at once by the stashing stage's
-        # backward: no buffer
-        holds = dst_dev != src_dev and kind != "SEND_SB"
+        # memory moves unless both stages are on one physical device (a hand-over); a
+        # skip's gradient has no receive buffer (consumed at once; see _Run._send)
+        holds = dst_dev != src_dev
         dst_memory = dst_dev if holds else ""
         link = self.cluster.link_between(src, dst) if src != dst else FREE
         over = self.cluster.transfer_overhead_s

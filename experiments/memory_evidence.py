@@ -1,0 +1,116 @@
+"""The 14 recorded H100 memory cases re-predicted from a profile taken here, on CPU.
+
+``../shared/evidence/h100-2026-11-22/thread_and_memory_results.txt`` holds, for gpt
+(vocab 8192, d_model 1024, 8 layers, 16 heads, seq 256, batch 32; balance [5,5], both
+stages as threads on one H100), ``torch.cuda.max_memory_allocated`` of fresh processes.
+Bytes do not depend on the device except where kernels differ, so the model is profiled
+here on CPU (in the same dtype) at micro-batches of 1 and 2 samples -- bytes are linear
+in the micro-batch size -- and extrapolated to 2, 8 and 32.  The prediction adds the
+batch (token ids on the device) as the recorded runs held it.  A second table compares
+the CPU profile's byte columns with the GPU profile recorded beside the traces, layer by
+layer: where they differ, the kernels do.
+
+    python experiments/memory_evidence.py [--evidence DIR]
+Writes experiments/results/memory_evidence.csv and memory_evidence_bytes.csv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pandas as pd
+import torch
+
+from executor.models import builtin_job
+from executor.profiler import profile
+from experiments.common import write_results
+from experiments.repredict_evidence import EVIDENCE
+from pipesim.cluster import Cluster
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
+
+GPT = dict(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=256)
+BATCH = 32
+
+
+def parse_plan(label: str) -> Plan:
+    """``"gpipe [5,5] m=4 ckpt=never"`` -> Plan (batch 32)."""
+    schedule, balance, chunks, ckpt = label.split()
+    return Plan([int(b) for b in balance.strip("[]").split(",")], int(chunks[2:]), BATCH,
+                checkpoint=ckpt.split("=")[1], schedule=schedule)
+
+
+def cases(evidence: Path) -> list[dict]:
+    lines = (evidence / "thread_and_memory_results.txt").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def cpu_profile(dtype: str) -> Profile:
+    module, loss_fn, x, y = builtin_job("gpt", 2, dtype=dtype, **GPT)
+    return profile(module, (x, y), [1, 2], loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, meta={"model": "gpt", **GPT})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--evidence", type=Path, default=EVIDENCE)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    records = cases(args.evidence)
+    batch_bytes = 2 * BATCH * GPT["seq_len"] * 8  # token ids and targets, int64
+    rows, byte_rows = [], []
+    for dtype in ("float32", "bfloat16"):
+        prof = cpu_profile(dtype)
+        without = Profile(prof.table.drop(columns=["fwd_transient_bytes", "bwd_transient_bytes"]),
+                          prof.meta)
+        for r in (r for r in records if r["dtype"] == dtype):
+            plan = parse_plan(r["plan"])
+            cluster = Cluster.shared_gpu(2)
+            measured = r["measured"]
+            preds = {}
+            for name, p in (("with_transients", prof), ("without_transients", without)):
+                peak = max(metrics(simulate(p, plan, cluster, extrapolate=True))
+                           .peak_memory_bytes.values())
+                preds[name] = peak + batch_bytes
+            rows.append({"dtype": dtype, "plan": r["plan"], "measured_bytes": measured,
+                         "predicted_bytes": preds["with_transients"],
+                         "error_pct": 100 * (preds["with_transients"] / measured - 1),
+                         "error_without_transients_pct":
+                             100 * (preds["without_transients"] / measured - 1),
+                         "recorded_prediction_error_pct": r["err_pct"]})
+        gpu_dir = args.evidence / "traces" / f"gpt_{dtype}"
+        gpu = Profile.load(gpu_dir / "profile.csv")
+        for layer in range(prof.n_layers):
+            here, there = prof.at(layer, 2), gpu.at(layer, 2)
+            byte_rows.append({"dtype": dtype, "layer": layer, "name": prof.layer_names[layer],
+                              **{f"{c}_cpu": here[c] for c in ("saved_bytes", "output_bytes")},
+                              **{f"{c}_cuda": there[c] for c in ("saved_bytes", "output_bytes")},
+                              "saved_diff_pct": 100 * (here["saved_bytes"] / there["saved_bytes"] - 1)
+                              if there["saved_bytes"] else 0.0})
+    table = pd.DataFrame(rows)
+    write_results("memory_evidence", table, {"evidence": str(args.evidence)})
+    write_results("memory_evidence_bytes", pd.DataFrame(byte_rows), {"size": 2})
+    with pd.option_context("display.width", 160):
+        print(table.round(2).to_string(index=False))
+        print(pd.DataFrame(byte_rows).round(2).to_string(index=False))
+    for dtype, part in table.groupby("dtype"):
+        print(f"{dtype}: median |error| {part.error_pct.abs().median():.1f}%, max "
+              f"{part.error_pct.abs().max():.1f}% (without transients "
+              f"{part.error_without_transients_pct.abs().median():.1f}% / "
+              f"{part.error_without_transients_pct.abs().max():.1f}%; as recorded "
+              f"{part.recorded_prediction_error_pct.abs().median():.1f}% / "
+              f"{part.recorded_prediction_error_pct.abs().max():.1f}%)")
+    err = table.error_pct.abs()
+    print(f"all 14: median |error| {err.median():.1f}%, max {err.max():.1f}%")
+
+
+if __name__ == "__main__":
+    main()

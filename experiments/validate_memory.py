@@ -1,0 +1,157 @@
+"""Peak memory predicted against every tensor torch allocates, on this machine's CPU.
+
+For each built-in model (profiled once, transients included), a grid of plans -- chunks
+1..16, checkpoint never / except_last / always, GPipe, 1F1B and interleaved (2 virtual
+stages a device) -- runs with one process per device (gloo); each rank's memory is
+measured by :mod:`executor.memtrack` in one tracked iteration (every storage: parameters,
+gradients, saved and received tensors, temporaries, recomputation).  The simulator
+predicts each device's peak from the profile alone.  Printed: median and max |error| of
+the peak per device, per model and checkpoint mode, and an ablation without the profiled
+transients; a chart of predicted against measured timelines for a few plans.
+
+    python experiments/validate_memory.py [--models mlp,gpt,unet] [--quick]
+Writes experiments/results/validation_memory_cpu.csv/.json and validation_memory_cpu.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+import torch
+
+from executor.distributed import spawn_plans
+from executor.models import builtin_job
+from executor.profiler import profile
+from experiments.common import RESULTS, machine, write_results
+from experiments.validate import BATCH, MODELS
+from pipesim.balance import min_max_partition
+from pipesim.cluster import Cluster
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
+
+DEVICES = 2
+
+
+def grid(profile: Profile, quick: bool) -> list[Plan]:
+    plans = []
+    for schedule, v in (("gpipe", 1), ("1f1b", 1), ("interleaved", 2)):
+        n = DEVICES * v
+        if n > profile.n_layers:
+            continue
+        balance = min_max_partition(profile.layer_times(BATCH // 4), n)
+        for chunks in ((2, 8) if quick else (1, 2, 4, 8, 16)):
+            if v > 1 and chunks % DEVICES:
+                continue
+            for ckpt in ("never", "except_last", "always"):
+                plans.append(Plan(balance, chunks, BATCH, checkpoint=ckpt, schedule=schedule,
+                                  virtual_stages=v))
+    return plans
+
+
+def without_transients(profile: Profile) -> Profile:
+    table = profile.table.drop(columns=["fwd_transient_bytes", "bwd_transient_bytes"],
+                               errors="ignore")
+    return Profile(table, profile.meta, profile.source)
+
+
+def predicted_peaks(profile: Profile, plan: Plan, cluster: Cluster) -> list[float]:
+    trace = simulate(profile, plan, cluster)
+    peaks = metrics(trace).peak_memory_bytes
+    return [peaks[d.resource] for d in cluster.devices[:plan.n_devices]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,gpt,unet")
+    ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    cluster = Cluster.cpu_processes(DEVICES)
+    rows, examples = [], []
+    for name in args.models.split(","):
+        job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+        module, loss_fn, x, y = job()
+        sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
+        prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=1, warmup=0,
+                       progress=False, checkpointed=False, meta={"model": name})
+        bare = without_transients(prof)
+        plans = grid(prof, args.quick)
+        print(f"{name}: {len(plans)} plans", flush=True)
+        runs = spawn_plans(job, plans, iterations=1, warmup=1, track_memory=True)
+        for plan, (result, _) in zip(plans, runs, strict=True):
+            measured = result.trace.meta["peak_memory"]
+            pred = predicted_peaks(prof, plan, cluster)
+            pred_bare = predicted_peaks(bare, plan, cluster)
+            for d in range(plan.n_devices):
+                meas = measured[f"rank{d}"]
+                rows.append({"model": name, "plan": plan.label(), "schedule": plan.schedule,
+                             "chunks": plan.chunks, "checkpoint": plan.checkpoint, "device": d,
+                             "measured_bytes": meas, "predicted_bytes": pred[d],
+                             "error_pct": 100 * (pred[d] / meas - 1),
+                             "error_no_transients_pct": 100 * (pred_bare[d] / meas - 1)})
+            if plan.chunks == 4 and plan.schedule in ("gpipe", "1f1b") and \
+                    plan.checkpoint in ("never", "always"):
+                examples.append((name, plan, simulate(prof, plan, cluster), result.trace))
+        part = pd.DataFrame([r for r in rows if r["model"] == name])
+        print(part.groupby("checkpoint")[["error_pct", "error_no_transients_pct"]]
+              .agg(lambda e: e.abs().median()).round(2).to_string(), flush=True)
+    table = pd.DataFrame(rows)
+    summary = {
+        "device_peaks": len(table),
+        "median_abs_error_pct": float(table.error_pct.abs().median()),
+        "max_abs_error_pct": float(table.error_pct.abs().max()),
+        "median_signed_error_pct": float(table.error_pct.median()),
+        "without_transients": {"median_abs_error_pct": float(table.error_no_transients_pct.abs().median()),
+                               "max_abs_error_pct": float(table.error_no_transients_pct.abs().max())},
+        "per_model_and_mode": {f"{m}/{c}": {"median_abs": float(g.error_pct.abs().median()),
+                                            "max_abs": float(g.error_pct.abs().max())}
+                               for (m, c), g in table.groupby(["model", "checkpoint"])},
+    }
+    write_results("validation_memory_cpu", table, {**machine(), "summary": summary,
+                                                   "torch": torch.__version__})
+    _chart(examples[:6], RESULTS / "validation_memory_cpu.png")
+    print(pd.Series({k: v for k, v in summary.items() if not isinstance(v, dict)}).to_string())
+    print("without transients:", summary["without_transients"])
+
+
+def _chart(examples, path: Path) -> None:
+    """Predicted and measured memory over the iteration (time scaled to 0..1: the tracked
+    iteration runs slower than the timed ones), one panel per plan and device."""
+    if not examples:
+        return
+    fig, axes = plt.subplots(len(examples), DEVICES, figsize=(11, 2.2 * len(examples)),
+                             squeeze=False)
+    for row, (name, plan, predicted, measured) in enumerate(examples):
+        for d in range(DEVICES):
+            ax = axes[row][d]
+            for trace, label, device in ((predicted, "predicted", f"cpu{d}"),
+                                         (measured, "measured", f"rank{d}")):
+                mem = trace.memory[trace.memory.device == device].sort_values("time")
+                if mem.empty:
+                    continue
+                t = (mem.time - mem.time.min()) / max(mem.time.max() - mem.time.min(), 1e-12)
+                ax.step(t, mem.bytes / 2**20, where="post", label=label)
+            ax.set_title(f"{name} {plan.label()} device {d}", fontsize=8)
+            ax.set_ylabel("MiB")
+            ax.tick_params(labelsize=7)
+    axes[0][0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=2)
+    axes[-1][0].set_xlabel("time (share of the iteration)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
