@@ -77,10 +77,11 @@ class Cluster:
     #: measured aggregate speedup of k concurrent streams on one device, k = 1, 2, ...
     #: (first entry 1); empty: read off the profile's size scaling
     device_speedup: tuple[float, ...] = ()
-    #: the sender keeps every gradient it sends (input and skip gradients) alive until the
-    #: iteration ends: torch.distributed over gloo reports a send complete only when it is
-    #: waited for, which pipesim's process transport does at the end of the step
-    sender_keeps_gradients: bool = False
+    #: the sender keeps every tensor it sends to another device (activations, gradients,
+    #: skips) alive until the iteration ends: torch.distributed over gloo reports a send
+    #: complete only when it is waited for, which pipesim's process transport does at the
+    #: end of the step
+    sender_keeps_sends: bool = False
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -124,7 +125,7 @@ class Cluster:
         return cls([Device(f"cpu{i}", memory_bytes=memory_bytes, host="localhost")
                     for i in range(n)],
                    link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
-                   sender_keeps_gradients=True, name="cpu_processes")
+                   sender_keeps_sends=True, name="cpu_processes")
 
     @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
@@ -170,7 +171,7 @@ class Cluster:
                        host_contention=float(d.get("host_contention", 0.0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),
-                       sender_keeps_gradients=bool(d.get("sender_keeps_gradients", False)),
+                       sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),
                        name=d.get("name", "cluster"))
         except ClusterError as exc:
             raise ClusterError(f"{source}: {exc}") from None

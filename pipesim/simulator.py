@@ -147,9 +147,10 @@ class _Run:
             end = start + send.seconds + send.latency_s
             self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
                               self.origin + end, round(send.nbytes), send.resource))
-        if self.sim.track_memory and send.kind in ("SEND_B", "SEND_SB") and send.dst_device \
-                and self.sim.cluster.sender_keeps_gradients:
-            # the sender's gradient lives on to the end of the step (see the Cluster field)
+        keeps = self.sim.cluster.sender_keeps_sends and bool(send.dst_device)
+        if self.sim.track_memory and keeps:
+            # the sender's tensor lives on to the step's end (see the Cluster field); its
+            # stash no longer frees activations and skips sent (see Simulator._step)
             if send.kind == "SEND_SB":  # made by the backward, not counted there: count it
                 self.deltas.append((send.src_device, now, send.nbytes))
             self.held.append((send.src_device, send.nbytes))
@@ -368,8 +369,12 @@ class Simulator:
         # Freed at the end: stash, recomputed activations, loss gradient, the received
         # activation (another device's) and the received gradient.  The input gradient
         # lives on: handed to stage s-1 on this device, or freed when its send ends.
-        # the stash and the recomputed activations go as the backward walks back
+        # the stash and the recomputed activations go as the backward walks back -- but
+        # not an output sent to another device whose sender keeps its sends to the end
         release = c.recompute_bytes + c.keep_bytes
+        if self.cluster.sender_keeps_sends and s < n - 1 and \
+                self.resource_of[self.placement[s + 1]] != device:
+            release -= c.output_bytes
         freed = loss_grad + transient
         if s > 0 and self.resource_of[self.placement[s - 1]] != device:
             freed += boundary
@@ -415,7 +420,9 @@ class Simulator:
                 alloc_end -= nbytes if cross and ckpt else 0.0
             elif step.stage == a:
                 waits.append(event + 1)
-                alloc_end -= nbytes
+                # freed by the stashing stage's backward, or at the step's end if sent
+                # to another device whose transport keeps its sends (see _Run._send)
+                alloc_end -= 0.0 if cross and self.cluster.sender_keeps_sends else nbytes
         return step._replace(waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end)
 
     def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float,

@@ -339,7 +339,8 @@ def memory_scenarios(draw):
     else:
         link = (Link(0.0, 1e30) if kind == "near_free"
                 else Link(draw(st.floats(0, 0.5)), draw(st.floats(100.0, 1e5))))
-        cluster = Cluster([Device(f"d{i}") for i in range(n_dev)], link=link)
+        cluster = Cluster([Device(f"d{i}") for i in range(n_dev)], link=link,
+                          sender_keeps_sends=draw(st.booleans()))
     return prof, plan, cluster
 
 
