@@ -45,7 +45,7 @@ from executor.recorder import Recorder, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
-from pipesim.schedule import Schedule, build_schedule
+from pipesim.schedule import FORWARD, Schedule, build_schedule
 from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
 
 #: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
@@ -69,15 +69,47 @@ class RankResult:
     memory: list[tuple[float, int]] = field(default_factory=list)
 
 
+def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
+               rank: int) -> dict[int, list[tuple[int, str, int]]]:
+    """The messages every other rank sends to ``rank``, per peer, in the order it sends them.
+
+    Mirrors :class:`executor.stage.StageRunner`: a forward sends its output, then the skip
+    tensors it stashes; a backward sends the popped skips' gradients, then its input's
+    gradient.  Keys are ``(receiving stage, kind, micro-batch)``.  A transport without
+    tags (NCCL) receives in this order (see :class:`executor.transport.DistTransport`).
+    """
+    last = len(schedule.placement) - 1
+    place = schedule.placement
+    orders: dict[int, list[tuple[int, str, int]]] = {}
+    for peer, actions in enumerate(schedule.order):
+        if peer == rank:
+            continue
+        out = []
+        for a in actions:
+            s, m = a.stage, a.microbatch
+            if a.kind == FORWARD:
+                sends = [(s + 1, "F")] if s < last else []
+                sends += [(b, f"S:{name}") for name, src, b in skips if src == s]
+            else:
+                sends = [(src, f"SB:{name}") for name, src, b in skips if b == s]
+                sends += [(s - 1, "B")] if s > 0 else []
+            out += [(dst, kind, m) for dst, kind in sends if place[dst] == rank]
+        orders[peer] = out
+    return orders
+
+
 def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
              targets: torch.Tensor, plan: Plan, *, schedule: Schedule | None = None,
              device: torch.device | str = "cpu", iterations: int = 5, warmup: int = 2,
              timeout_s: float = 120.0, fail_at: str | None = None,
-             return_grads: bool = False, track_memory: bool = True) -> RankResult:
+             return_grads: bool = False, track_memory: bool = True,
+             tags: bool | None = None) -> RankResult:
     """Run this rank's part of ``schedule`` (process group already initialised).
 
     Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
     the last stage's rank the targets.  Gradients are cleared before each iteration.
+    ``tags`` (default: unless the backend is NCCL) tells messages apart by tag; without,
+    each peer's messages are received in the order it sends them (:func:`send_order`).
     """
     schedule = schedule or build_schedule(plan)
     check_inputs(module, plan, schedule, inputs.shape[0])
@@ -87,8 +119,11 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)
     skips = stage_skips(module, plan)
+    if tags is None:
+        tags = dist.get_backend() != "nccl"
     transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s,
-                              skip_names=tuple(name for name, _, _ in skips))
+                              skip_names=tuple(name for name, _, _ in skips), tags=tags,
+                              send_order=None if tags else send_order(schedule, skips, rank))
     rows: list[tuple] = []
     losses: list[float] = []
     walls: list[float] = []
@@ -214,7 +249,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               timeout_s=options.get("timeout_s", 120),
                               fail_at=options.get("fail_at", {}).get(rank),
                               return_grads=options.get("return_grads", False),
-                              track_memory=options.get("track_memory", True))
+                              track_memory=options.get("track_memory", True),
+                              tags=options.get("tags"))
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
     except BaseException as exc:
@@ -237,13 +273,15 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 iterations: int = 5, warmup: int = 2, threads_per_rank: int = 1,
                 pin_cores: bool = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
-                track_memory: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
+                track_memory: bool = True,
+                tags: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
     Starting processes and the process group costs seconds, so grids share them.  Each
     plan may use the first ``plan.batch_size`` samples of the job's batch.
     ``fail_at={rank: "1F0"}`` injects a failure; ``pin_cores`` gives each rank its own
-    share of this process's CPUs.
+    share of this process's CPUs; ``tags=False`` receives in send order as on NCCL (the
+    same code path, testable on gloo).
     """
     schedules = schedules or [None] * len(plans)
     runs = [(p, s or build_schedule(p)) for p, s in zip(plans, schedules, strict=True)]
@@ -253,7 +291,7 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     world = worlds.pop()
     options = {"iterations": iterations, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
-               "track_memory": track_memory}
+               "track_memory": track_memory, "tags": tags}
     if pin_cores:
         cpus = sorted(os.sched_getaffinity(0))
         per = max(1, len(cpus) // world)

@@ -109,18 +109,34 @@ class ThreadTransport:
             raise RuntimeError(f"messages never received: {leftover[:5]}")
 
 
+Key = tuple[int, str, int]  # (receiving stage, kind, micro-batch)
+
+
 class DistTransport:
     """Point-to-point between ranks with torch.distributed (one process per rank).
 
     Shapes travel in a small header the first time each (stage, kind, micro-batch) is
-    sent; later iterations reuse them.  Tags keep concurrent messages between the same
-    two ranks apart (gloo honours tags).  A sent tensor is held until its send completes
-    and no longer: finished sends are dropped whenever the rank sends or receives, so a
-    gradient sent back does not stay alive on the sender to the end of the iteration.
+    sent; later iterations reuse them (a shape that changes is refused, naming the
+    message).  Messages between two ranks are told apart in one of two ways:
+
+    * ``tags=True`` (gloo): each message carries a tag built from its key, so the
+      receiver may take them in any order;
+    * ``tags=False`` (NCCL, which ignores tags): the receiver takes each peer's messages
+      in the order that peer sends them -- ``send_order[peer]``, worked out from the
+      schedule -- and keeps the ones that arrive before they are needed.
+
+    Sent tensors are kept until the sends are waited for at the end of the iteration
+    (gloo reports completion only then).
     """
 
     def __init__(self, rank: int, placement: tuple[int, ...], n_microbatches: int,
-                 device: torch.device, timeout_s: float = 120.0, skip_names: tuple[str, ...] = ()):
+                 device: torch.device, timeout_s: float = 120.0, skip_names: tuple[str, ...] = (),
+                 *, tags: bool = True, send_order: dict[int, list[Key]] | None = None):
+        if not tags and send_order is None:
+            raise ValueError("without tags the receiver needs each peer's send order")
+        self.tags, self.send_order = tags, send_order or {}
+        self._next: dict[int, int] = {}  # peer -> index of its next message in send_order
+        self._early: dict[Key, torch.Tensor] = {}  # arrived before they were asked for
         self.rank, self.placement, self.m = rank, placement, n_microbatches
         # message kinds, in an order every rank agrees on: tags are built from it
         self.kinds = ["F", "B"] + [f"{p}:{n}" for n in sorted(skip_names) for p in ("S", "SB")]
@@ -134,6 +150,8 @@ class DistTransport:
         self.log: list[tuple] = []
 
     def _tag(self, stage: int, kind: str, mb: int) -> int:
+        if not self.tags:
+            return 0
         return (stage * self.m + mb) * len(self.kinds) + self.kinds.index(kind)
 
     def _peer(self, stage: int, kind: str, src_stage: int | None) -> int:
@@ -142,14 +160,8 @@ class DistTransport:
             return self.placement[src_stage]
         return self.placement[stage - 1] if kind == "F" else self.placement[stage + 1]
 
-    def _prune(self) -> None:
-        """Forget sends that completed (their tensors may go free)."""
-        if self._pending:
-            self._pending = [(w, t) for w, t in self._pending if not w.is_completed()]
-
     def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
              src_stage: int | None = None) -> None:
-        self._prune()
         dst = self.placement[dst_stage]
         key = (dst_stage, kind, mb)
         if dst == self.rank:
@@ -157,6 +169,12 @@ class DistTransport:
             return
         tag = self._tag(dst_stage, kind, mb)
         tensor = tensor.contiguous()
+        known = self._shapes.get(key)
+        if known is not None and known != (tensor.dtype, tuple(tensor.shape)):
+            raise ValueError(f"rank {self.rank}: message {dst_stage}{kind}{mb} was "
+                             f"{known[0]} {list(known[1])} before and is {tensor.dtype} "
+                             f"{list(tensor.shape)} now: shapes must not change between "
+                             "iterations (they travel once)")
         if key not in self._shapes:
             header = torch.zeros(_HEADER, dtype=torch.int64)
             header[0] = _DTYPES.index(tensor.dtype)
@@ -171,12 +189,25 @@ class DistTransport:
         self.sent_bytes += nbytes
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
-        self._prune()
         src = self._peer(stage, kind, src_stage)
         key = (stage, kind, mb)
         if src == self.rank:
             return self._local.pop(key)
-        tag = self._tag(stage, kind, mb)
+        if self.tags:
+            return self._receive(src, key)
+        # in the peer's send order, keeping what comes early
+        while key not in self._early:
+            order = self.send_order.get(src, [])
+            i = self._next.get(src, 0)
+            if i >= len(order):
+                raise RuntimeError(f"rank {self.rank}: {stage}{kind}{mb} is not among the messages "
+                                   f"rank {src} sends (send order exhausted)")
+            self._next[src] = i + 1
+            self._early[order[i]] = self._receive(src, order[i])
+        return self._early.pop(key)
+
+    def _receive(self, src: int, key: Key) -> torch.Tensor:
+        tag = self._tag(*key)
         if key not in self._shapes:
             header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
             self._wait(dist.irecv(header, src, tag=tag), key)
@@ -201,3 +232,7 @@ class DistTransport:
         for work, _ in self._pending:
             work.wait(self.timeout)
         self._pending.clear()
+        self._next.clear()
+        if self._early:
+            raise RuntimeError(f"rank {self.rank}: messages received but never used: "
+                               f"{sorted(self._early)[:5]}")

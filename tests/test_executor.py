@@ -57,13 +57,15 @@ def test_threads_gradients_equal_unpipelined(model, sizes, schedule, balance, v,
 
 
 @pytest.mark.slow
-def test_processes_gradients_equal_unpipelined():
+@pytest.mark.parametrize("tags", [True, False], ids=["tags", "send-order (NCCL path)"])
+def test_processes_gradients_equal_unpipelined(tags):
     job = functools.partial(builtin_job, "mlp", BATCH, dtype="float64", **MLP)
     ref_loss, ref_grads = reference(job)
     plans = [Plan(b, 4, BATCH, checkpoint=mode, schedule=s, virtual_stages=v)
              for s, b, v in PLANS for mode in MODES]
     for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=1, warmup=0,
-                                                        return_grads=True), strict=True):
+                                                        return_grads=True, tags=tags),
+                                     strict=True):
         assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
         grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
         assert set(grads) == set(ref_grads), plan.label()
@@ -287,3 +289,32 @@ def test_actions_are_labelled_for_the_torch_profiler():
     labels = {e.name for e in prof.events() if e.name.startswith("PP:")}
     assert labels == {"PP:0F0", "PP:0F1", "PP:1F0", "PP:1F1", "PP:0B0", "PP:0B1", "PP:1B0", "PP:1B1"}
     pipe.close()
+
+
+@pytest.mark.parametrize(("schedule", "balance", "v"), [("gpipe", [1, 1, 2], 1),
+                                                       ("1f1b", [2, 2], 1),
+                                                       ("interleaved", [1, 1, 1, 1], 2)])
+def test_send_order_is_the_order_the_runners_send_in(schedule, balance, v, monkeypatch):
+    import threading
+
+    from executor.distributed import send_order
+    from executor.transport import ThreadTransport
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    plan = Plan(balance, 4, 8, schedule=schedule, virtual_stages=v)
+    sent: list[tuple[int, int, tuple]] = []
+    original = ThreadTransport.send
+
+    def spy(self, tensor, dst_stage, kind, mb, src_stage=None):
+        worker = int(threading.current_thread().name.rsplit("-", 1)[1])
+        sent.append((worker, self.placement[dst_stage], (dst_stage, kind, mb)))
+        return original(self, tensor, dst_stage, kind, mb, src_stage)
+
+    monkeypatch.setattr(ThreadTransport, "send", spy)
+    pipe = Pipeline(module, plan, loss_fn=loss_fn)
+    pipe.step(x, y)
+    pipe.close()
+    schedule_ = pipe.schedule
+    for rank in range(schedule_.n_devices):
+        for peer, order in send_order(schedule_, (), rank).items():
+            assert order == [k for w, d, k in sent if w == peer and d == rank], (peer, rank)

@@ -71,13 +71,15 @@ def test_unet_gradients_equal_unpipelined_threads(schedule, balance, v, mode):
 
 
 @pytest.mark.slow
-def test_unet_gradients_equal_unpipelined_processes():
+@pytest.mark.parametrize("tags", [True, False], ids=["tags", "send-order (NCCL path)"])
+def test_unet_gradients_equal_unpipelined_processes(tags):
     ref_loss, ref_grads = reference()
     job = functools.partial(_eval_job)
     plans = [Plan([3, 4, 6], 4, BATCH, checkpoint=mode, schedule=s) for s in ("gpipe", "1f1b")
              for mode in ("always", "never")]
     for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=1, warmup=0,
-                                                        return_grads=True), strict=True):
+                                                        return_grads=True, tags=tags),
+                                     strict=True):
         assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
         grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
         for name, g in grads.items():
