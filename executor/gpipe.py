@@ -6,8 +6,11 @@
 
 Input checks follow torchgpipe's contract: a module that is not ``nn.Sequential`` is a
 TypeError; a missing balance, one not summing to the module's length, non-positive
-entries, ``chunks < 1`` or an unknown checkpoint mode are ValueErrors; fewer devices than
-partitions is an IndexError.
+entries, ``chunks < 1``, an unknown checkpoint mode or schedule are ValueErrors; fewer
+devices than partitions is an IndexError.  ``deferred_batch_norm=True`` replaces every
+BatchNorm by :class:`executor.batchnorm.DeferredBatchNorm` (running statistics as one
+full batch), as torchgpipe's option does.  Layers pass one tensor to the next: a layer
+that returns a tuple is refused at the first step with the layer named.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
+from executor.batchnorm import DeferredBatchNorm
 from executor.partition import split_module
 from executor.pipeline import Pipeline
+from executor.stage import ActionFailed
 from pipesim.plan import CHECKPOINT_MODES, Plan
+from pipesim.schedule import SCHEDULES
 
 
 class GPipe(nn.Module):
@@ -28,7 +34,8 @@ class GPipe(nn.Module):
     def __init__(self, module: nn.Sequential, balance: Sequence[int] | None = None,
                  devices: Sequence[str | torch.device] | None = None, chunks: int = 1,
                  checkpoint: str = "except_last", schedule: str = "gpipe",
-                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None):
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+                 deferred_batch_norm: bool = False):
         super().__init__()
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"module must be nn.Sequential to be partitioned, got "
@@ -46,6 +53,12 @@ class GPipe(nn.Module):
         if checkpoint not in CHECKPOINT_MODES:
             raise ValueError(f"checkpoint is not one of {', '.join(repr(m) for m in CHECKPOINT_MODES)}"
                              f": {checkpoint!r}")
+        if schedule not in SCHEDULES or schedule == "interleaved":
+            usable = sorted(k for k in SCHEDULES if k != "interleaved")
+            raise ValueError(f"schedule must be one of {usable} (one stage per device), got "
+                             f"{schedule!r}")
+        if deferred_batch_norm:
+            module = DeferredBatchNorm.convert(module)
         if devices is None:
             n_gpu = torch.cuda.device_count()
             devices = ([f"cuda:{i}" for i in range(n_gpu)] if n_gpu >= len(balance)
@@ -80,8 +93,19 @@ class GPipe(nn.Module):
         Gradients accumulate into the parameters' ``.grad`` exactly as one full-batch
         ``loss_fn(module(inputs), targets).backward()`` would; step your optimizer after.
         """
-        _, loss, _ = self._pipeline(inputs.shape[0]).step(inputs, targets)
+        try:
+            _, loss, _ = self._pipeline(inputs.shape[0]).step(inputs, targets)
+        except ActionFailed as exc:
+            if "tuple" in str(exc) and "object has no attribute" in str(exc):
+                raise TypeError(f"{exc}: pipesim passes one tensor between layers; a layer that "
+                                "returns a tuple must be split or wrapped") from exc
+            raise
         return loss
+
+    def close(self) -> None:
+        """Stop the pipelines' worker threads (also done when the facade is collected)."""
+        for pipe in self._pipelines.values():
+            pipe.close()
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
@@ -95,5 +119,9 @@ class GPipe(nn.Module):
         for clock in range(m + n - 1):
             for j in range(max(0, clock - n + 1), min(clock + 1, m)):
                 p = clock - j
-                chunks[j] = self.partitions[p](chunks[j].to(self.devices[p], non_blocking=True))
+                out = self.partitions[p](chunks[j].to(self.devices[p], non_blocking=True))
+                if not isinstance(out, torch.Tensor):
+                    raise TypeError(f"partition {p} returned {type(out).__name__}, not a tensor: "
+                                    "pipesim passes one tensor between layers")
+                chunks[j] = out
         return torch.cat(chunks)

@@ -318,3 +318,26 @@ def test_send_order_is_the_order_the_runners_send_in(schedule, balance, v, monke
     for rank in range(schedule_.n_devices):
         for peer, order in send_order(schedule_, (), rank).items():
             assert order == [k for w, d, k in sent if w == peer and d == rank], (peer, rank)
+
+
+def test_gpipe_facade_options_of_torchgpipe():
+    from executor import GPipe as Exported
+    from executor.batchnorm import DeferredBatchNorm
+
+    assert Exported is GPipe
+    seq = nn.Sequential(nn.Linear(4, 4), nn.BatchNorm1d(4), nn.Linear(4, 2))
+    g = GPipe(seq, balance=[2, 1], devices=["cpu", "cpu"], chunks=2, deferred_batch_norm=True)
+    assert any(isinstance(m, DeferredBatchNorm) for m in g.modules())
+    with pytest.raises(ValueError, match="schedule must be one of"):
+        GPipe(nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2)), balance=[1, 1], schedule="zb")
+
+    class Pair(nn.Module):
+        def forward(self, x):
+            return x, x
+
+    tupled = GPipe(nn.Sequential(Pair(), nn.Linear(4, 2)), balance=[1, 1], devices=["cpu", "cpu"])
+    with pytest.raises(TypeError, match="one tensor between layers"):
+        tupled(torch.randn(4, 4))
+    with pytest.raises(TypeError, match="one tensor between layers"):
+        tupled.train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
+    tupled.close()
