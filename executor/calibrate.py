@@ -40,9 +40,14 @@ def _gather(target, n: int, args: tuple, expected: int) -> list:
     procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(n)]
     for p in procs:
         p.start()
-    items = [out.get(timeout=300) for _ in range(expected)]
-    for p in procs:
-        p.join()
+    try:
+        items = [out.get(timeout=300) for _ in range(expected)]
+    finally:  # bounded: a process that does not end is stopped, never waited on forever
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
     return items
 
 

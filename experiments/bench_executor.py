@@ -120,7 +120,7 @@ def main() -> None:
                    progress=False)
     plans = [Plan(balance, args.chunks, args.batch, checkpoint="never", schedule=s)
              for s in ("gpipe", "1f1b")]
-    # no memory ledger: torch.distributed.pipelining keeps none either
+    # no memory tracking: torch.distributed.pipelining has none either
     results = spawn_plans(job, plans, iterations=args.iterations, warmup=args.warmup,
                           track_memory=False)
     for plan, (result, ranks) in zip(plans, results, strict=True):

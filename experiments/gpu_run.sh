@@ -3,6 +3,7 @@
 # The lent GPU machine has torch but no simpy: a wheel in .whl/ is installed first if present.
 #   bash experiments/gpu_run.sh gpu [--stages 2]  # CUDA profiles + executor grid on cuda:0
 #   bash experiments/gpu_run.sh cpu16   # multi-process executor, 4 and 8 pinned stages
+#   bash experiments/gpu_run.sh bench   # in-process executor vs the unpipelined model on cuda:0
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import simpy" 2>/dev/null && ls .whl/simpy-*.whl >/dev/null 2>&1; then
@@ -16,6 +17,7 @@ what="${1:-gpu}"
 shift || true
 case "$what" in
     gpu)   python3 experiments/gpu_validate.py --out "$OUT_DIR" "$@" ;;
+    bench) python3 experiments/bench_executor_cuda.py "$@" ;;
     cpu16) for n in 4 8; do
                python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
            done ;;

@@ -19,6 +19,7 @@ from pipesim.errors import PipesimError
 from pipesim.plan import CHECKPOINT_MODES, Plan
 from pipesim.profile import Profile
 from pipesim.schedule import SCHEDULES
+from pipesim.units import format_bytes, parse_bytes
 
 CLUSTER_PRESETS: dict[str, Callable[[int], Cluster]] = {
     "free": Cluster.free,
@@ -88,14 +89,6 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def format_bytes(n: float) -> str:
-    """``1536`` -> ``"1.50 KiB"``: a unit that keeps the figure readable."""
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n:.0f} B"
-
-
 def load_cluster(spec: str, n_devices: int) -> Cluster:
     """A preset name (``free``, ``cpu``, ``nvlink``, ``pcie``, ``shared-gpu``) or a JSON file."""
     if spec in CLUSTER_PRESETS:
@@ -163,9 +156,15 @@ def write_outputs(trace, out: Path, prefix: str, title: str) -> dict[str, Path]:
     m = metrics(trace)
     paths = {"metrics": out / f"{prefix}_metrics.json"}
     paths["metrics"].write_text(json.dumps(m.to_dict(), indent=2))
-    fig, axes = plt.subplots(2, 1, figsize=(12, 7), gridspec_kw={"height_ratios": [2, 1]})
-    gantt(trace, axes[0], title=title)
-    memory_chart(trace, axes[1])
+    if trace.memory.empty:  # no memory panel without a memory timeline
+        fig, ax = plt.subplots(1, 1, figsize=(12, 4.5))
+        gantt(trace, ax, title=title)
+    else:  # one time axis for both (a measured memory timeline has its own iteration)
+        fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), gridspec_kw={"height_ratios": [2, 1]},
+                                 sharex=trace.meta.get("source") == "simulated")
+        gantt(trace, axes[0], title=title)
+        memory_chart(trace, axes[1], title=None if trace.meta.get("source") == "simulated" else
+                     "memory (one extra, tracked iteration: its own time axis)")
     fig.tight_layout()
     paths["png"] = out / f"{prefix}.png"
     fig.savefig(paths["png"], dpi=110)
@@ -218,32 +217,19 @@ def add_simulate(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_simulate)
 
 
-def parse_bytes(text: str) -> float:
-    """``"512MiB"``, ``"1.5GiB"``, ``"2GB"``, ``"1e9"`` -> bytes."""
-    units = {"kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "kb": 1e3, "mb": 1e6,
-             "gb": 1e9, "tb": 1e12, "b": 1}
-    t = text.strip().lower().replace(" ", "")
-    unit = next((u for u in units if t.endswith(u)), "")
-    number = t[: len(t) - len(unit)]
-    try:
-        value = float(number) * units.get(unit, 1)
-    except ValueError:
-        raise UserError(f"cannot read a memory size from {text!r} (try 512MiB or 2GiB)") from None
-    if value <= 0:
-        raise UserError(f"memory budget must be positive, got {text!r}")
-    return value
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     from pipesim.tune import tune
 
     profile = Profile.load(args.profile)
     cluster = load_cluster(args.cluster, args.devices)
-    budget = parse_bytes(args.memory_budget)
+    try:
+        budget = parse_bytes(args.memory_budget)
+    except ValueError as exc:
+        raise UserError(str(exc)) from None
     chunks = parse_ints(args.chunks, "--chunks") if args.chunks else None
     result = tune(profile, args.devices, args.batch_size, budget, cluster=cluster, chunks=chunks,
                   schedules=args.schedules.split(","), method=args.method,
-                  optimizer=args.optimizer)
+                  optimizer=args.optimizer, progress=sys.stderr.isatty())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = result.table.drop(columns=["plan"])

@@ -39,6 +39,8 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
 
     Transfers get one row per link.  Recomputation is drawn over the start of its
     backward.  Times are shown in milliseconds from ``t0`` (default: the first start).
+    Bars are at least 0.3% of the time span wide, so that short transfers stay visible;
+    the legend sits under the axes, off the bars.
     """
     import matplotlib.pyplot as plt
 
@@ -48,6 +50,7 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
     rows = _rows(a, by)
     index = {label: i for i, label in enumerate(rows)}
     t0 = float(a["start"].min()) if t0 is None else t0
+    min_width = 0.003 * float(a["end"].max() - a["start"].min()) * 1e3
     seen: set[str] = set()
     for kind in ("F", "B", "R", "SEND_F", "SEND_B", "SEND_S", "SEND_SB"):
         part = a[a["kind"] == kind]
@@ -58,7 +61,7 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
         else:
             ys = [index[f"{by} {k}"] for k in part[by]]
         starts = (part["start"].to_numpy() - t0) * 1e3
-        widths = (part["end"] - part["start"]).to_numpy() * 1e3
+        widths = np.maximum((part["end"] - part["start"]).to_numpy() * 1e3, min_width)
         height = 0.5 if kind == "R" else 0.8
         ax.barh(ys, widths, left=starts, height=height, color=COLOURS[kind], edgecolor="white",
                 linewidth=0.5, label=_LABELS[kind] if kind not in seen else None)
@@ -69,7 +72,8 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
     ax.set_yticks(range(len(rows)), rows)
     ax.invert_yaxis()
     ax.set_xlabel("time (ms)")
-    ax.legend(loc="upper right", fontsize=8, ncol=len(seen))
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=8, ncol=len(seen),
+              frameon=False)
     if title:
         ax.set_title(title)
     return ax
@@ -87,10 +91,11 @@ def memory_chart(trace: Trace, ax: Axes | None = None, *, title: str | None = No
         return ax
     t0 = float(trace.actions["start"].min())
     for device, part in mem.groupby("device", sort=True):
-        ax.step((part["time"] - t0) * 1e3, part["bytes"] / 2**20, where="post", label=str(device))
+        ax.step((part["time"] - t0) * 1e3, part["bytes"] / 2**20, where="post",
+                label=f"device {device}")
     ax.set_xlabel("time (ms)")
     ax.set_ylabel("allocated (MiB)")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     if title:
         ax.set_title(title)
     return ax

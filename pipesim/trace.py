@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipesim.units import format_bytes
+
 ACTION_COLUMNS = ["iteration", "device", "stage", "microbatch", "kind", "start", "end",
                   "nbytes", "resource"]
 HOST_COLUMNS = ["host_start", "host_end"]
@@ -117,7 +119,7 @@ class Metrics:
         return (f"iteration {self.iteration_time_s * 1e3:.3f} ms, "
                 f"throughput {self.throughput:.1f} samples/s, "
                 f"bubble {self.mean_bubble:.1%} (mean over devices), "
-                f"peak memory {peak / 2**20:.1f} MiB")
+                f"peak memory {format_bytes(peak)}")
 
     def to_dict(self) -> dict[str, Any]:
         return {"iteration_time_s": self.iteration_time_s, "throughput": self.throughput,

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
+from tqdm.auto import tqdm
 
 from pipesim.balance import block_partition, min_max_partition
 from pipesim.cluster import Cluster
@@ -75,7 +76,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
          checkpoints: Sequence[str] = CHECKPOINT_MODES,
          schedules: Sequence[str] = ("gpipe", "1f1b"), method: str = "minmax",
          refine: bool = True, optimizer: str | float = "sgd",
-         virtual_stages: Sequence[int] = (2, 3)) -> TuneResult:
+         virtual_stages: Sequence[int] = (2, 3), progress: bool = False) -> TuneResult:
     """Ranked plans for ``batch_size`` samples on ``n_devices`` within ``memory_budget`` bytes.
 
     ``chunks`` defaults to powers of two up to the batch size whose micro-batches fall in
@@ -83,7 +84,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     instead of the exact partition (for comparison).  The ``interleaved`` schedule is
     tried with each of ``virtual_stages`` stages a device (where the layers and the
     micro-batches allow).  A plan fits when its peak on every device is within both the
-    budget and that device's ``memory_bytes``.
+    budget and that device's ``memory_bytes``.  ``progress`` shows a bar (on stderr).
     """
     if n_devices > profile.n_layers:
         raise PlanError(f"{n_devices} devices is more than the {profile.n_layers} layers")
@@ -105,10 +106,13 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     if "interleaved" in schedules:
         shapes += [("interleaved", v) for v in virtual_stages if n_devices * v <= profile.n_layers]
     rows, seen = [], set()
+    bar = tqdm(total=len(chunks) * len(checkpoints) * len(shapes), desc="tuning", unit="shape",
+               disable=not progress, leave=False)
     for c in chunks:
         size = math.ceil(batch_size / c)
         for ckpt in checkpoints:
             for schedule, v in shapes:
+                bar.update(1)
                 if v > 1 and c % n_devices:
                     continue  # interleaving needs micro-batches in multiples of the devices
                 base = stage_balance(profile, n_devices * v, size, ckpt, cluster, method)
@@ -128,6 +132,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                                  "iteration_s": m.iteration_time_s, "throughput": m.throughput,
                                  "bubble": m.mean_bubble, "peak_bytes": peak,
                                  "fits": fits, "from_partition": balance == base})
+    bar.close()
     table = pd.DataFrame(rows)
     fitting = table[table["fits"]].sort_values(["throughput", "peak_bytes"],
                                                ascending=[False, True])
