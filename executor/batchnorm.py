@@ -40,6 +40,12 @@ def is_recomputing() -> bool:
     return getattr(_state, "recomputing", False)
 
 
+def _tensor(value: object) -> torch.Tensor:
+    """A registered buffer as the tensor it is (nn.Module attributes type as Tensor | Module)."""
+    assert isinstance(value, torch.Tensor)
+    return value
+
+
 class DeferredBatchNorm(nn.modules.batchnorm._BatchNorm):
     """BatchNorm whose running statistics are committed once per step (see module doc)."""
 
@@ -62,9 +68,10 @@ class DeferredBatchNorm(nn.modules.batchnorm._BatchNorm):
         if not is_recomputing():
             with torch.no_grad():
                 dims = [0, *range(2, x.dim())]
-                xd = x.detach().to(self.sum.dtype)
-                self.sum += xd.sum(dims)
-                self.sum_squares += (xd * xd).sum(dims)
+                total, squares = _tensor(self.sum), _tensor(self.sum_squares)
+                xd = x.detach().to(total.dtype)
+                total += xd.sum(dims)
+                squares += (xd * xd).sum(dims)
                 self.counter += x.numel() // x.shape[1]
         return F.batch_norm(x, None, None, self.weight, self.bias, True, 0.0, self.eps)
 
@@ -74,27 +81,30 @@ class DeferredBatchNorm(nn.modules.batchnorm._BatchNorm):
         if self.counter == 0:
             return
         n = self.counter
-        mean = self.sum / n
-        var = (self.sum_squares / n - mean * mean) * (n / max(n - 1, 1))
-        m = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked + 1)
-        self.running_mean.mul_(1 - m).add_(mean, alpha=m)
-        self.running_var.mul_(1 - m).add_(var, alpha=m)
-        self.num_batches_tracked += 1
-        self.sum.zero_()
-        self.sum_squares.zero_()
+        total, squares = _tensor(self.sum), _tensor(self.sum_squares)
+        tracked = _tensor(self.num_batches_tracked)
+        mean = total / n
+        var = (squares / n - mean * mean) * (n / max(n - 1, 1))
+        m = self.momentum if self.momentum is not None else 1.0 / float(tracked + 1)
+        _tensor(self.running_mean).mul_(1 - m).add_(mean, alpha=m)
+        _tensor(self.running_var).mul_(1 - m).add_(var, alpha=m)
+        tracked += 1
+        total.zero_()
+        squares.zero_()
         self.counter = 0
 
     @classmethod
     def convert(cls, module: nn.Module) -> nn.Module:
         """Replace every BatchNorm of ``module`` (recursively) by a deferred one, same state."""
         if isinstance(module, nn.modules.batchnorm._BatchNorm) and not isinstance(module, cls):
-            new = cls(module.num_features, module.eps, module.momentum, module.affine)
-            new = new.to(device=module.running_mean.device, dtype=module.running_mean.dtype)
+            new = cls(module.num_features, module.eps, module.momentum, module.affine)  # type: ignore[arg-type]
+            mean = _tensor(module.running_mean)
+            new = new.to(device=mean.device, dtype=mean.dtype)
             if module.affine:
                 new.weight, new.bias = module.weight, module.bias
-            new.running_mean.copy_(module.running_mean)
-            new.running_var.copy_(module.running_var)
-            new.num_batches_tracked.copy_(module.num_batches_tracked)
+            _tensor(new.running_mean).copy_(mean)
+            _tensor(new.running_var).copy_(_tensor(module.running_var))
+            _tensor(new.num_batches_tracked).copy_(_tensor(module.num_batches_tracked))
             return new
         for name, child in module.named_children():
             module._modules[name] = cls.convert(child)

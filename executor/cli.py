@@ -54,7 +54,7 @@ def check_device(name: str) -> None:
 
 def parse_sizes(pairs: Sequence[str]) -> dict:
     """``["width=256", "depth=4"]`` -> ``{"width": 256, "depth": 4}`` (ints where possible)."""
-    sizes = {}
+    sizes: dict[str, int | float | str] = {}
     for pair in pairs:
         if "=" not in pair:
             raise UserError(f"--set expects key=value, got {pair!r}")

@@ -23,6 +23,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -61,7 +62,7 @@ class RankResult:
     rank: int
     rows: list[tuple]
     losses: list[float]
-    grads: dict[str, object] | None  # parameter name (as in the unsplit module) -> numpy
+    grads: dict[str, Any] | None  # parameter name (as in the unsplit module) -> numpy
     step_wall_s: list[float]  # per measured iteration: barrier passed -> all sends done
     messages: list[tuple] = field(default_factory=list)  # transport log, iteration-relative
     peak_memory_bytes: int = 0  # CUDA allocator peak, or the tracker's on CPU
@@ -156,9 +157,9 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         if i >= warmup:
             rows += shift_rows(it_rows, offset)
             # times from this iteration's origin, laid end to end like the rows
-            for entry in it_log:
-                t_index = 4 if entry[0] == "post" else 3  # ("post", it, key, src_stage, t, ...)
-                entry = list(entry)
+            for logged in it_log:
+                t_index = 4 if logged[0] == "post" else 3  # ("post", it, key, src_stage, t, ...)
+                entry = list(logged)
                 entry[t_index] = entry[t_index] - t0 + offset
                 messages.append(tuple(entry))
             offset += float(span)

@@ -58,7 +58,7 @@ class GPipe(nn.Module):
             raise ValueError(f"schedule must be one of {usable} (one stage per device), got "
                              f"{schedule!r}")
         if deferred_batch_norm:
-            module = DeferredBatchNorm.convert(module)
+            DeferredBatchNorm.convert(module)  # in place: a Sequential stays itself
         if devices is None:
             n_gpu = torch.cuda.device_count()
             devices = ([f"cuda:{i}" for i in range(n_gpu)] if n_gpu >= len(balance)

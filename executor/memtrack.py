@@ -22,6 +22,7 @@ that kernels take outside torch tensors (cuBLAS workspaces, oneDNN scratch).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 import weakref
@@ -65,9 +66,12 @@ class Timeline:
             if key in self._live:
                 return
             n = _round(storage.nbytes(), self.granularity)
-            ref = weakref.ref(storage, lambda _r, key=key: self._free(key))
+            ref = weakref.ref(storage, functools.partial(self._dropped, key))
             self._live[key] = (device, n, ref)
             self._change(device, n)
+
+    def _dropped(self, key: int, _ref: weakref.ref) -> None:
+        self._free(key)
 
     def _free(self, key: int) -> None:
         with self._lock:

@@ -16,6 +16,7 @@ error names its worker, stage and action; a step that outlives ``timeout_s`` end
 from __future__ import annotations
 
 import contextlib
+import functools
 import statistics
 import threading
 import time
@@ -123,10 +124,10 @@ class Pipeline:
         if not isinstance(module, nn.Sequential):
             raise TypeError(f"pipelines need an nn.Sequential, got {type(module).__name__}")
         plan.check_layers(len(module))
-        devices = [torch.device(d) for d in (devices or ["cpu"] * self.schedule.n_devices)]
-        if len(devices) < self.schedule.n_devices:
-            raise IndexError(f"{self.schedule.n_devices} devices needed, {len(devices)} given")
-        self.devices = devices[: self.schedule.n_devices]
+        devs = [torch.device(d) for d in (devices or ["cpu"] * self.schedule.n_devices)]
+        if len(devs) < self.schedule.n_devices:
+            raise IndexError(f"{self.schedule.n_devices} devices needed, {len(devs)} given")
+        self.devices: list[torch.device] = devs[: self.schedule.n_devices]
         self.module = module
         self.loss_fn = loss_fn or nn.functional.cross_entropy
         self.stages = split_module(module, plan.balance)
@@ -211,8 +212,9 @@ class Pipeline:
                 tracking = (Tracker(timeline, f"dev{w}") if timeline is not None
                             else contextlib.nullcontext())
                 with ctx, tracking:
-                    if dev.type == "cuda":
-                        torch.cuda.current_stream(dev).wait_event(recorders[w].origin_event)
+                    origin_event = recorders[w].origin_event
+                    if origin_event is not None:
+                        torch.cuda.current_stream(dev).wait_event(origin_event)
                     runners[w].run(self.schedule.order[w], xs, ys)
             except PipelineAborted:
                 pass
@@ -222,7 +224,7 @@ class Pipeline:
 
         if self._workers is None:
             self._workers = WorkerPool([f"pipesim-worker-{w}" for w in range(len(self.devices))])
-        done = [self._workers.submit(w, lambda w=w: work(w)) for w in range(len(self.devices))]
+        done = [self._workers.submit(w, functools.partial(work, w)) for w in range(len(self.devices))]
         # Bounded: transport waits time out after timeout_s, so a step that has not ended
         # well after that has a worker stuck outside the transport (in a kernel, a hook).
         deadline = time.monotonic() + self.timeout_s + 30.0

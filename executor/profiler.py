@@ -21,6 +21,7 @@ import platform
 import statistics
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import pandas as pd
 import torch
@@ -34,7 +35,7 @@ from executor.skip import SkipTracker, check_skips, use_tracker
 from executor.timing import Stopwatch, synchronize
 from pipesim.profile import COLUMNS, OPTIONAL_COLUMNS, Profile
 
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
 
 def device_name(device: torch.device) -> str:
@@ -95,7 +96,7 @@ def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
 
 def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None = None,
                   target: torch.Tensor | None = None, repeats: int = 5,
-                  warmup: int = 2) -> dict[str, float]:
+                  warmup: int = 2) -> dict[str, Any]:
     """Measure one layer on input ``x``: forward/backward seconds and the byte columns.
 
     With ``loss_fn``, the forward includes the loss on ``target`` and backward starts from it.
@@ -169,7 +170,7 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
         synchronize(device)
         with fwd.region():
             y = layer(x)
-            out = loss_fn(y, target) if last else y
+            out = loss_fn(y, target) if last and loss_fn is not None else y
         row = {"fwd_s": fwd.elapsed()[0], "host_fwd_s": fwd.host_elapsed()[0],
                "bwd_s": 0.0, "host_bwd_s": 0.0}
         if out.requires_grad:
@@ -181,7 +182,7 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
             synchronize(device)
             with cf.region():
                 z = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=True)
-                out = loss_fn(z, target) if last else z
+                out = loss_fn(z, target) if last and loss_fn is not None else z
             row["ckpt_fwd_s"], row["ckpt_bwd_s"] = cf.elapsed()[0], 0.0
             if out.requires_grad:
                 with cb.region():
@@ -280,8 +281,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     noisy: list[dict] = []
     whole_model: dict[str, dict[str, float]] = {}
     routes = check_skips(model)
-    skips = [{"name": r.name, "stash_layer": r.src, "pop_layer": r.dst, "bytes": {}}
-             for r in routes]
+    skips: list[dict[str, Any]] = [{"name": r.name, "stash_layer": r.src, "pop_layer": r.dst,
+                                    "bytes": {}} for r in routes]
     bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling", disable=not progress,
                unit="pass", leave=False)
     # Layers run one at a time and repeatedly: a retaining tracker lets a Pop layer find
@@ -312,7 +313,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             whole: list[tuple[float, ...]] = []
             for p in range(warmup + repeats):
                 times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed)
-                w = _time_whole(model, x0, loss_fn, target, grads[-1], device)
+                w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device)
                 if checkpointed:
                     w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
                 if p >= warmup:

@@ -54,6 +54,7 @@ class Recorder:
     def stop(self, stage: int, mb: int, kind: str, nbytes: int = 0, resource: str = "") -> None:
         key = (stage, mb, kind)
         begin, host_begin, label = self._open.pop(key)
+        end: torch.cuda.Event | float
         if self.cuda:
             end = torch.cuda.Event(enable_timing=True)
             end.record()
@@ -76,6 +77,7 @@ class Recorder:
         nan = float("nan")
         for stage, mb, kind, begin, end, nbytes, resource, h0, h1 in self._rows:
             if self.cuda:
+                assert self.origin_event is not None, "record an origin event first"
                 s = self.origin_event.elapsed_time(begin) / 1e3
                 e = self.origin_event.elapsed_time(end) / 1e3
                 hs, he = h0 - self.origin, h1 - self.origin

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import nn
@@ -49,7 +49,7 @@ class ActionFailed(RuntimeError):
 class StageRunner:
     """Runs one worker's actions; see the module docstring."""
 
-    def __init__(self, worker: int, stages: dict[int, nn.Module], plan: Plan,
+    def __init__(self, worker: int, stages: Mapping[int, nn.Module], plan: Plan,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                  device: torch.device, transport, recorder: Recorder,
                  rng_lock: threading.Lock | None = None,
@@ -95,7 +95,7 @@ class StageRunner:
             x = self.transport.recv(s, "F", m).detach()
             if x.is_floating_point():
                 x.requires_grad_(True)
-        module = self.stages[s]
+        module: Callable[[torch.Tensor], torch.Tensor] = self.stages[s]
         if self.skips_in[s] or self.skips_out[s] or self.plan.checkpointed(m):
             module = self._wrap(s, m, module)
         rec = self.recorder
@@ -125,12 +125,13 @@ class StageRunner:
                 # nothing to recompute: received skips die once their consumers are done
                 tracker.tensors.clear()
 
-    def _wrap(self, s: int, m: int, module: nn.Module) -> Callable:
+    def _wrap(self, s: int, m: int, module: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
         """``module`` run under this micro-batch's skip tracker, its second and later calls
         marked as recomputations (deferred batch norm skips them) -- in whatever thread
         calls it: a recomputation may run on autograd's thread."""
         tracker = SkipTracker(retain=True)
-        boxes = {}  # name -> (gradient box, shape, dtype, device): no tensor kept here
+        # name -> (gradient box, shape, dtype, device): no tensor kept here
+        boxes: dict[str, tuple[list, torch.Size, torch.dtype, torch.device]] = {}
         for name, src in self.skips_in[s]:
             t = self.transport.recv(s, f"S:{name}", m, src_stage=src).detach()
             if t.is_floating_point():

@@ -27,6 +27,13 @@ _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.in
 _HEADER = 12  # int64 slots: dtype code, ndim, up to 10 sizes
 
 
+def _work(work: dist.Work | None) -> dist.Work:
+    """The handle of a point-to-point op (None only for ranks outside the group)."""
+    if work is None:
+        raise RuntimeError("this rank is not in the process group of the transfer")
+    return work
+
+
 class PipelineAborted(RuntimeError):
     """Another worker failed; this one stops instead of waiting."""
 
@@ -95,7 +102,7 @@ class ThreadTransport:
                                        f"{stage}, micro-batch {mb} within {self.timeout_s:.0f} s")
                 self._cond.wait(min(left, 0.5))
             tensor, ready = self._box.pop(key)
-        if ready is not None:
+        if isinstance(ready, torch.cuda.Event):
             stream = torch.cuda.current_stream(tensor.device)
             stream.wait_event(ready)
             tensor.record_stream(stream)
@@ -181,11 +188,11 @@ class DistTransport:
             header[1] = tensor.dim()
             header[2:2 + tensor.dim()] = torch.tensor(tensor.shape)
             header = header.to(self.device)
-            self._pending.append((dist.isend(header, dst, tag=tag), header))
+            self._pending.append((_work(dist.isend(header, dst, tag=tag)), header))
             self._shapes[key] = (tensor.dtype, tuple(tensor.shape))
         nbytes = tensor.numel() * tensor.element_size()
         self.log.append(("post", key, src_stage, time.perf_counter(), nbytes, self.rank, dst))
-        self._pending.append((dist.isend(tensor, dst, tag=tag), tensor))
+        self._pending.append((_work(dist.isend(tensor, dst, tag=tag)), tensor))
         self.sent_bytes += nbytes
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
@@ -210,13 +217,13 @@ class DistTransport:
         tag = self._tag(*key)
         if key not in self._shapes:
             header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
-            self._wait(dist.irecv(header, src, tag=tag), key)
+            self._wait(_work(dist.irecv(header, src, tag=tag)), key)
             header = header.cpu()
             ndim = int(header[1])
             self._shapes[key] = (_DTYPES[int(header[0])], tuple(int(x) for x in header[2:2 + ndim]))
         dtype, shape = self._shapes[key]
         buf = torch.empty(shape, dtype=dtype, device=self.device)
-        self._wait(dist.irecv(buf, src, tag=tag), key)
+        self._wait(_work(dist.irecv(buf, src, tag=tag)), key)
         self.log.append(("done", key, time.perf_counter()))
         return buf
 

@@ -35,8 +35,8 @@ def block_partition(costs: Sequence[float], n_stages: int) -> list[int]:
 
     Like torchgpipe's block partitioning of per-layer times: fast, not optimal.
     """
-    costs = np.asarray(costs, dtype=float)
-    n = len(costs)
+    c = np.asarray(costs, dtype=float)
+    n = len(c)
     _check(n, n_stages)
     balance: list[int] = []
     start = 0
@@ -45,19 +45,19 @@ def block_partition(costs: Sequence[float], n_stages: int) -> list[int]:
         if left == 1:
             balance.append(n - start)
             break
-        target = costs[start:].sum() / left
+        target = c[start:].sum() / left
         stop, acc = start, 0.0
         # take layers while the block stays below the target (or is empty), leaving at
         # least one layer for each remaining stage
-        while stop < n - (left - 1) and (stop == start or acc + costs[stop] / 2 <= target):
-            acc += costs[stop]
+        while stop < n - (left - 1) and (stop == start or acc + c[stop] / 2 <= target):
+            acc += c[stop]
             stop += 1
         balance.append(stop - start)
         start = stop
     return balance
 
 
-def min_max_partition(costs: Sequence[float], n_stages: int,
+def min_max_partition(costs: Sequence[float] | np.ndarray, n_stages: int,
                       boundary_costs: Sequence[float] | None = None) -> list[int]:
     """Exact contiguous partition minimising the largest stage cost.
 

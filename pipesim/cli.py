@@ -12,6 +12,7 @@ import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
@@ -41,7 +42,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose mistakes reach :func:`run` as a UserError: one ``pipesim: error:`` line
     and status 2 for every mistake, whoever finds it."""
 
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str) -> NoReturn:
         raise UserError(f"{self.prog}: {message} (see {self.prog} --help)")
 
 
@@ -317,7 +318,7 @@ def build_parser(extra: Sequence[Callable[[argparse._SubParsersAction], None]] =
         add(sub)
     for p in (parser, *sub.choices.values()):
         # "-5MiB" reads as a value (then refused by its parser), not as an unknown option
-        p._negative_number_matcher = _NEGATIVE  # type: ignore[attr-defined]
+        p._negative_number_matcher = _NEGATIVE
     return parser
 
 

@@ -64,8 +64,8 @@ class Comparison:
 def compare(predicted: Trace, measured: Trace) -> Comparison:
     """Join ``predicted`` and ``measured`` by (stage, micro-batch, kind); see module doc."""
     dicts = [t.meta.get("plan") for t in (predicted, measured)]
-    if all(dicts):
-        a, b = (Plan.from_dict(d) for d in dicts)
+    if dicts[0] and dicts[1]:
+        a, b = Plan.from_dict(dicts[0]), Plan.from_dict(dicts[1])
         if any(getattr(a, f) != getattr(b, f) for f in Plan.SCHEDULE_FIELDS):
             raise PlanError(f"the traces are of different plans: predicted {a.label()}, "
                             f"measured {b.label()}")

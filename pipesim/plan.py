@@ -7,6 +7,7 @@ which schedule orders the work, and on which device (worker) each stage runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from typing import Any
@@ -48,12 +49,12 @@ class Plan:
         of the same Plan count the same memory; say ``"adam"`` to plan a training run.
     """
 
-    balance: tuple[int, ...]
+    balance: Sequence[int]  # stored as a tuple
     chunks: int
     batch_size: int
     checkpoint: str = "except_last"
     schedule: str = "gpipe"
-    placement: tuple[int, ...] | None = None
+    placement: Sequence[int] | None = None  # stored as a tuple
     virtual_stages: int = 1
     optimizer: str | float = "sgd"
     extras: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
@@ -113,7 +114,7 @@ class Plan:
     def stage_devices(self) -> tuple[int, ...]:
         """Device (worker) index of every stage."""
         if self.placement is not None:
-            return self.placement
+            return tuple(self.placement)
         n_devices = self.n_stages // self.virtual_stages
         return tuple(s % n_devices for s in range(self.n_stages))
 

@@ -130,11 +130,16 @@ class _Run:
         if slot is None:
             self.slots[index] = at
             return
-        delay = at - self.env.now  # the receiver is waiting on ``slot``
+        assert isinstance(slot, simpy.Event)  # the receiver is waiting on it
+        waiting: simpy.Event = slot
+        delay = at - self.env.now
         if delay <= 0:
-            slot.succeed()
+            waiting.succeed()
         else:
-            self.env.timeout(delay).callbacks.append(lambda _e: slot.succeed())
+            def arrive(_event: simpy.Event) -> None:
+                waiting.succeed()
+
+            self.env.timeout(delay).callbacks.append(arrive)
 
     def _send(self, src: int, stage: int, mb: int, send: _Send) -> None:
         index = send.event + 2 * mb
@@ -174,7 +179,8 @@ class _Run:
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
         sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
-        jitter = self.rng is not None
+        jitter = sim.jitter if self.rng is not None else None
+        rng = self.rng
         name = f"dev{w}"
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
@@ -196,10 +202,10 @@ class _Run:
             if track and step.alloc_start:
                 deltas.append((device, start, step.alloc_start))
             seconds = step.seconds
-            if jitter:
-                seconds *= sim.jitter.stragglers.get(w, 1.0)
-                if sim.jitter.sigma:
-                    seconds *= float(self.rng.lognormal(0.0, sim.jitter.sigma))
+            if jitter is not None and rng is not None:
+                seconds *= jitter.stragglers.get(w, 1.0)
+                if jitter.sigma:
+                    seconds *= float(rng.lognormal(0.0, jitter.sigma))
             yield timeout(seconds) if sharing is None else sharing.run(seconds)
             end = env.now
             if track and step.alloc_end:
@@ -333,11 +339,11 @@ class Simulator:
                     step = self._step(w, s, mb, kind, c, first_backward,
                                       self.durations[(s, kind, mb)])
                     step = self._with_skips(step, w, mb)
+                elif key in cache:
+                    step = cache[key]
                 else:
-                    step = cache.get(key)
-                    if step is None:
-                        step = cache[key] = self._with_skips(
-                            self._step(w, s, mb, kind, c, first_backward, None), w, mb)
+                    step = cache[key] = self._with_skips(
+                        self._step(w, s, mb, kind, c, first_backward, None), w, mb)
                 program.append((mb, step))
             self.programs.append(program)
 
