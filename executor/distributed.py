@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.memtrack import Timeline, Tracker, granularity_of
+from executor.memtrack import Timeline, Tracker, granularity_of, warm_up
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import (
@@ -172,6 +172,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         # one more iteration, every tensor tracked (slower: kept out of the timed ones)
         for stage in mine.values():
             stage.zero_grad(set_to_none=True)
+        warm_up(device)
         timeline = Timeline(granularity_of(device))
         timeline.add_existing("rank", [t for m in mine.values()
                                        for t in (*m.parameters(), *m.buffers())])

@@ -110,6 +110,16 @@ class Tracker(TorchDispatchMode):
         return out
 
 
+def warm_up(device: torch.device) -> None:
+    """Pay a dispatch mode's one-time set-up (up to a second in a fresh process) outside
+    the tracked work, so that a tracked timeline is not stretched at its start."""
+    timeline = Timeline()
+    with Tracker(timeline, "warm-up"):
+        x = torch.ones(2, 2, device=device, requires_grad=True)
+        (x * x).sum().backward()
+    timeline.forget()
+
+
 def granularity_of(device: torch.device) -> int:
     """Allocation rounding on ``device``: 512 bytes on CUDA, exact on CPU."""
     return 512 if device.type == "cuda" else 1

@@ -29,7 +29,7 @@ from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
 from executor.cuda_peaks import CUDA_PEAK_COUNTS, cuda_peaks, plan_bytes, reset_cuda_peaks
-from executor.memtrack import Timeline, Tracker, granularity_of
+from executor.memtrack import Timeline, Tracker, granularity_of, warm_up
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder, shift_rows
@@ -277,6 +277,7 @@ class Pipeline:
         memory = None
         if self.track_memory:
             self.module.zero_grad(set_to_none=True)
+            warm_up(self.devices[0])
             timeline = Timeline(granularity_of(self.devices[0]))
             origin = time.perf_counter()
             self.step(inputs, targets, iteration=0, timeline=timeline)

@@ -128,7 +128,8 @@ class StageRunner:
     def _wrap(self, s: int, m: int, module: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
         """``module`` run under this micro-batch's skip tracker, its second and later calls
         marked as recomputations (deferred batch norm skips them) -- in whatever thread
-        calls it: a recomputation may run on autograd's thread."""
+        calls it: a recomputation may run on autograd's thread.  A recomputation is
+        recorded as an ``R`` interval inside its backward, as the simulator draws it."""
         tracker = SkipTracker(retain=True)
         # name -> (gradient box, shape, dtype, device): no tensor kept here
         boxes: dict[str, tuple[list, torch.Size, torch.dtype, torch.device]] = {}
@@ -143,8 +144,16 @@ class StageRunner:
 
         def run(x: torch.Tensor) -> torch.Tensor:
             calls[0] += 1
-            with use_tracker(tracker), recomputing(calls[0] > 1):
-                return module(x)
+            again = calls[0] > 1
+            if not again:
+                with use_tracker(tracker):
+                    return module(x)
+            self.recorder.start(s, m, "R")
+            try:
+                with use_tracker(tracker), recomputing(True):
+                    return module(x)
+            finally:  # the checkpoint stops a recomputation early by raising inside it
+                self.recorder.stop(s, m, "R")
 
         return run
 

@@ -287,7 +287,9 @@ def test_actions_are_labelled_for_the_torch_profiler():
     with torch_profile(activities=[ProfilerActivity.CPU], experimental_config=config) as prof:
         pipe.step(x, y)
     labels = {e.name for e in prof.events() if e.name.startswith("PP:")}
-    assert labels == {"PP:0F0", "PP:0F1", "PP:1F0", "PP:1F1", "PP:0B0", "PP:0B1", "PP:1B0", "PP:1B1"}
+    # the first micro-batch is checkpointed (except_last): its recomputation is labelled too
+    assert labels == {"PP:0F0", "PP:0F1", "PP:1F0", "PP:1F1", "PP:0B0", "PP:0B1", "PP:1B0", "PP:1B1",
+                      "PP:0R0", "PP:1R0"}
     pipe.close()
 
 
@@ -341,3 +343,15 @@ def test_gpipe_facade_options_of_torchgpipe():
     with pytest.raises(TypeError, match="one tensor between layers"):
         tupled.train_step(torch.randn(4, 4), torch.zeros(4, dtype=torch.long))
     tupled.close()
+
+
+def test_measured_traces_show_recomputation_inside_its_backward():
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    trace = Pipeline(module, Plan([2, 2], 4, 8, checkpoint="except_last"), loss_fn=loss_fn).run(
+        x, y, iterations=1, warmup=0).trace
+    a = trace.actions.set_index(["stage", "microbatch", "kind"])
+    recomputed = sorted({(s, m) for s, m, k in a.index if k == "R"})
+    assert recomputed == [(s, m) for s in (0, 1) for m in range(3)]  # not the last micro-batch
+    for s, m in recomputed:
+        r, b = a.loc[(s, m, "R")], a.loc[(s, m, "B")]
+        assert b["start"] <= r["start"] <= r["end"] <= b["end"]
