@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -247,7 +248,7 @@ class Pipeline:
         return rows, loss, cuda_peaks(self.devices, base, own)
 
     def run(self, inputs: torch.Tensor, targets: torch.Tensor, *, iterations: int = 5,
-            warmup: int = 2) -> RunResult:
+            warmup: int = 2, memory_snapshot: str | Path | None = None) -> RunResult:
         """``warmup`` unrecorded iterations, then ``iterations`` measured ones.
 
         Gradients are cleared (set to None) before every iteration, so after the call
@@ -255,8 +256,15 @@ class Pipeline:
         from the first measured iteration's origin, iterations laid end to end.  With
         ``track_memory``, one more iteration runs under the memory tracker: its timeline
         (every tensor, per worker) becomes the Trace's memory, its peaks the CPU peaks;
-        the timed iterations run untracked (tracking slows every op).
+        the timed iterations run untracked (tracking slows every op).  On CUDA,
+        ``memory_snapshot`` also records the caching allocator's history during that
+        iteration and saves it there (a pickle that https://pytorch.org/memory_viz opens),
+        and the trace meta gets the allocator's reserved peak beside the allocated one.
         """
+        on_cuda = any(d.type == "cuda" for d in self.devices)
+        if memory_snapshot is not None and not (on_cuda and self.track_memory):
+            raise ValueError("a memory snapshot is the CUDA allocator's: it needs CUDA devices "
+                             "and track_memory=True")
         rows: list[tuple] = []
         losses: list[float] = []
         peaks: dict[str, int] = {}
@@ -273,22 +281,32 @@ class Pipeline:
             for d, p in it_peaks.items():
                 peaks[d] = max(peaks.get(d, 0), p)
         actions = frame_from_rows(rows, MEASURED_COLUMNS)
-        on_cuda = any(d.type == "cuda" for d in self.devices)
         memory = None
+        extra: dict = {}
         if self.track_memory:
             self.module.zero_grad(set_to_none=True)
             warm_up(self.devices[0])
             timeline = Timeline(granularity_of(self.devices[0]))
+            if memory_snapshot is not None:
+                torch.cuda.memory._record_memory_history(max_entries=200_000)
             origin = time.perf_counter()
             self.step(inputs, targets, iteration=0, timeline=timeline)
             memory = timeline_frame(timeline, origin)
             timeline.forget()
+            if memory_snapshot is not None:
+                Path(memory_snapshot).parent.mkdir(parents=True, exist_ok=True)
+                torch.cuda.memory._dump_snapshot(str(memory_snapshot))
+                torch.cuda.memory._record_memory_history(enabled=None)
+                extra["memory_snapshot"] = str(memory_snapshot)
             if not on_cuda:
                 peaks = {d: int(v) for d, v in timeline.peak.items()}
+        if on_cuda:
+            extra["peak_reserved"] = {str(d): int(torch.cuda.max_memory_reserved(d))
+                                      for d in set(self.devices) if d.type == "cuda"}
         meta = measured_meta(self.plan, self.schedule, "threads",
                              {w: str(d) for w, d in enumerate(self.devices)}, iterations, warmup,
                              losses, peaks, "torch.cuda.max_memory_allocated" if on_cuda
                              else TRACKED, memory_counted=CUDA_PEAK_COUNTS if on_cuda else
-                             TRACKED_COUNTS)
+                             TRACKED_COUNTS, **extra)
         return RunResult(Trace(actions, memory if memory is not None else
                                frame_from_rows([], MEMORY_COLUMNS), meta), losses)

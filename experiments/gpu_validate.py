@@ -66,14 +66,17 @@ def stage_memory(models: dict, args: argparse.Namespace, out: Path) -> pd.DataFr
                 for s in range(plan.n_stages):
                     peak = run_stage_alone(module, plan, s, x, y, device=args.device,
                                            loss_fn=loss_fn)
-                    batch = tensor_bytes(x) if s == 0 else tensor_bytes(y) if s == plan.n_stages - 1 else 0
+                    # the CUDA allocator also holds the stage's share of the batch; the
+                    # CPU tracker counts what the stage allocates, not its inputs
+                    on_cuda = "allocated" in peak
+                    batch = (tensor_bytes(x) if s == 0 else tensor_bytes(y)
+                             if s == plan.n_stages - 1 else 0) if on_cuda else 0
                     pred = predicted[cluster.devices[s].resource] + batch
+                    allocated = peak["allocated"] if on_cuda else peak["tracked"]
                     rows.append({"model": name, "dtype": dtype, "plan": plan.label(), "stage": s,
-                                 "predicted_bytes": pred,
-                                 "allocated_bytes": peak.get("allocated", peak.get("ledger")),
+                                 "predicted_bytes": pred, "allocated_bytes": allocated,
                                  "reserved_bytes": peak.get("reserved"),
-                                 "allocated_error_pct": 100 * (pred / peak.get(
-                                     "allocated", peak.get("ledger")) - 1)})
+                                 "allocated_error_pct": 100 * (pred / allocated - 1)})
     table = pd.DataFrame(rows)
     table.to_csv(out / "stage_memory_gpu.csv", index=False)
     print("per-stage memory: median |error| vs allocated "
@@ -118,15 +121,21 @@ def main() -> None:
                              chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16))
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)
 
-                def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages):
+                def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages,
+                            name=name, dtype=dtype):
                     traces = []
                     for p in ps:
                         # one pipeline at a time, its memory freed before the next plan:
-                        # peaks are the run's own (see executor.ledger.cuda_peaks)
+                        # peaks are the run's own (see executor.cuda_peaks)
+                        # the allocator's own history for one plan a grid (memory_viz)
+                        snap = (out / "snapshots" / f"{name}_{dtype}_{n_stages}st_"
+                                f"{p.schedule}_m{p.chunks}_{p.checkpoint}.pickle"
+                                if dev.type == "cuda" and p.chunks == 4 and
+                                p.checkpoint == "always" else None)
                         with Pipeline(module, p, devices=[args.device] * n_stages,
                                       loss_fn=loss_fn) as pipe:
                             traces.append(pipe.run(x, y, iterations=args.iterations,
-                                                   warmup=2).trace)
+                                                   warmup=2, memory_snapshot=snap).trace)
                         module.zero_grad(set_to_none=True)
                         del pipe
                         gc.collect()

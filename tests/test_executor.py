@@ -355,3 +355,10 @@ def test_measured_traces_show_recomputation_inside_its_backward():
     for s, m in recomputed:
         r, b = a.loc[(s, m, "R")], a.loc[(s, m, "B")]
         assert b["start"] <= r["start"] <= r["end"] <= b["end"]
+
+
+def test_a_memory_snapshot_is_the_cuda_allocators_and_refused_on_cpu(tmp_path):
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    with pytest.raises(ValueError, match="CUDA allocator"):
+        Pipeline(module, Plan([2, 2], 2, 8), loss_fn=loss_fn).run(
+            x, y, iterations=1, warmup=0, memory_snapshot=tmp_path / "snap.pickle")
