@@ -103,9 +103,12 @@ class ThreadTransport:
                 self._cond.wait(min(left, 0.5))
             tensor, ready = self._box.pop(key)
         if isinstance(ready, torch.cuda.Event):
-            stream = torch.cuda.current_stream(tensor.device)
-            stream.wait_event(ready)
-            tensor.record_stream(stream)
+            if tensor.is_cuda:  # the receiver's stream waits for the copy, not its host
+                stream = torch.cuda.current_stream(tensor.device)
+                stream.wait_event(ready)
+                tensor.record_stream(stream)
+            else:  # copied to a CPU worker: the host waits for the copy to land
+                ready.synchronize()
         return tensor
 
     def finish_iteration(self) -> None:

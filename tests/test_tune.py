@@ -1,0 +1,58 @@
+"""The tuner: every plan it returns fits; it tries interleaving; it keeps the fastest."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from pipesim.cluster import Cluster, Device
+from pipesim.errors import PlanError
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
+from pipesim.tune import tune
+from tests.helpers import uniform_profile
+
+
+def _uneven(costs: list[float]) -> Profile:
+    rows = [dict(layer=i, name="L", micro_batch=b, fwd_s=c * b, bwd_s=2 * c * b, input_bytes=100 * b,
+                 output_bytes=100 * b, saved_bytes=300 * b, saved_input_bytes=100 * b,
+                 saved_output_bytes=0, param_bytes=1000)
+            for i, c in enumerate(costs) for b in (1, 16)]
+    return Profile(pd.DataFrame(rows))
+
+
+@pytest.mark.parametrize("budget", [2.0e4, 3.0e4, 5.0e4, 1e9])
+def test_no_returned_plan_exceeds_the_budget_or_a_devices_memory(budget):
+    prof = uniform_profile(6, sizes=(1, 16))
+    small = Cluster([Device("a", memory_bytes=4.0e4), Device("b")])
+    try:
+        result = tune(prof, 2, 16, budget, cluster=small)
+    except PlanError as exc:
+        assert "no plan fits" in str(exc)
+        return
+    for plan in result.plans:
+        peaks = metrics(simulate(prof, plan, small)).peak_memory_bytes
+        assert peaks["a"] <= min(budget, 4.0e4) and peaks["b"] <= budget
+
+
+def test_interleaving_is_tried_and_its_balance_refined():
+    prof = _uneven([1, 1, 1, 1, 3, 1, 1, 3])
+    result = tune(prof, 2, 16, 1e12, schedules=("interleaved",), chunks=[4, 8],
+                  checkpoints=("never",))
+    table = result.table
+    assert set(table.virtual_stages) == {2, 3}
+    best = result.best
+    assert best.virtual_stages in (2, 3) and best.schedule == "interleaved"
+    # nothing simulated beats it, neighbours of the exact partition included
+    fastest = table.loc[table.throughput.idxmax()]
+    assert metrics(simulate(prof, best)).throughput == pytest.approx(fastest.throughput)
+    assert not table.from_partition.all()  # refinement looked beyond the partition
+
+
+def test_impossible_budget_names_the_smallest_peak():
+    prof = uniform_profile(4, sizes=(1, 16))
+    with pytest.raises(PlanError, match="smallest peak any plan needs"):
+        tune(prof, 2, 16, 10.0)
+    assert Plan([1, 1], 2, 2).optimizer == "sgd"  # the default both sides share
