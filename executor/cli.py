@@ -13,18 +13,14 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pipesim.cli import UserError, build_parser, parse_ints, positive_int, run
-
-
-def non_negative_int(text: str) -> int:
-    """argparse type: an integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
-    return value
+from pipesim.cli import (
+    UserError,
+    build_parser,
+    non_negative_int,
+    parse_ints,
+    positive_int,
+    run,
+)
 
 
 def torch_dtype(name: str):

@@ -54,15 +54,26 @@ VARIANTS: dict[str, Callable[[Cluster], Cluster]] = {
 }
 
 
-def _plan(d: dict) -> Plan:
-    return Plan(d["balance"], d["chunks"], d["batch_size"], checkpoint=d["checkpoint"],
-                schedule=d["schedule"], placement=d.get("placement"),
-                virtual_stages=d.get("virtual_stages", 1), optimizer=d.get("optimizer", "sgd"))
-
-
 def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
     m = metrics(simulate(profile, plan, cluster, track_memory=False))
     return m.iteration_time_s, m.mean_bubble
+
+
+def _variants(source: str, model: str, dtype: str, profile: Profile, cluster: Cluster, plan: Plan,
+              measured_ms: float, bubble_meas: float) -> list[dict]:
+    """One row per model variant for a plan measured in ``source``."""
+    rows = []
+    for variant, change in VARIANTS.items():
+        it, bubble = _predict(profile, plan, change(cluster))
+        rows.append({"source": source, "model": model, "dtype": dtype, "plan": plan.label(),
+                     "variant": variant, "predicted_ms": it * 1e3, "measured_ms": measured_ms,
+                     "bubble_pred": bubble, "bubble_meas": bubble_meas})
+    return rows
+
+
+def _plan(balance: str, chunks: int, checkpoint: str, schedule: str) -> Plan:
+    return Plan([int(b) for b in balance.split(",")], int(chunks), 32, checkpoint=checkpoint,
+                schedule=schedule, optimizer="sgd")
 
 
 def traces(evidence: Path) -> list[dict]:
@@ -76,14 +87,10 @@ def traces(evidence: Path) -> list[dict]:
         cluster = Cluster.load(folder / "cluster.json")
         for run in sorted(p for p in folder.iterdir() if p.is_dir()):
             measured = Trace.load(run, "measured")
-            plan = _plan(measured.meta["plan"])
+            plan = Plan.from_dict(measured.meta["plan"], source=str(run))
             meas = metrics(measured)
-            for variant, change in VARIANTS.items():
-                it, bubble = _predict(profile, plan, change(cluster))
-                rows.append({"source": "traces", "model": model, "dtype": dtype, "plan": run.name,
-                             "variant": variant, "predicted_ms": it * 1e3,
-                             "measured_ms": meas.iteration_time_s * 1e3,
-                             "bubble_pred": bubble, "bubble_meas": meas.mean_bubble})
+            rows += _variants("traces", model, dtype, profile, cluster, plan,
+                              meas.iteration_time_s * 1e3, meas.mean_bubble)
     return rows
 
 
@@ -97,14 +104,9 @@ def grid_2stages(evidence: Path) -> list[dict]:
         model = label.split("/")[0]
         profile = Profile.load(folder / f"profile_{model}_{dtype}.csv")
         for r in part.itertuples():
-            plan = Plan([int(b) for b in r.balance.split(",")], int(r.chunks), 32,
-                        checkpoint=r.checkpoint, schedule=r.schedule, optimizer="sgd")
-            for variant, change in VARIANTS.items():
-                it, bubble = _predict(profile, plan, change(cluster))
-                rows.append({"source": "grid_2stages", "model": model, "dtype": dtype,
-                             "plan": plan.label(), "variant": variant, "predicted_ms": it * 1e3,
-                             "measured_ms": r.measured_ms, "bubble_pred": bubble,
-                             "bubble_meas": r.bubble_meas})
+            plan = _plan(r.balance, r.chunks, r.checkpoint, r.schedule)
+            rows += _variants("grid_2stages", model, dtype, profile, cluster, plan, r.measured_ms,
+                              r.bubble_meas)
     return rows
 
 
@@ -117,14 +119,9 @@ def cpu16(evidence: Path) -> list[dict]:
         profile = Profile.load(folder / f"profile_cpu_{stages}stages_{model}.csv")
         cluster = Cluster.load(folder / f"calibration_cpu_{stages}stages.json")
         for r in part.itertuples():
-            plan = Plan([int(b) for b in r.balance.split(",")], int(r.chunks), 32,
-                        checkpoint=r.ckpt, schedule=r.sched, optimizer="sgd")
-            for variant, change in VARIANTS.items():
-                it, bubble = _predict(profile, plan, change(cluster))
-                rows.append({"source": f"cpu16_{stages}ranks", "model": model, "dtype": "float32",
-                             "plan": plan.label(), "variant": variant, "predicted_ms": it * 1e3,
-                             "measured_ms": r.meas, "bubble_pred": bubble,
-                             "bubble_meas": np.nan})
+            plan = _plan(r.balance, r.chunks, r.ckpt, r.sched)
+            rows += _variants(f"cpu16_{stages}ranks", model, "float32", profile, cluster, plan,
+                              r.meas, np.nan)
     return rows
 
 

@@ -68,26 +68,25 @@ def parse_ints(text: str, what: str, *, positive: bool = True) -> list[int]:
     return values
 
 
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def at_least(minimum: float, convert: Callable[[str], float] = int) -> Callable[[str], float]:
+    """An argparse type: a finite number (``convert``: int or float) of at least ``minimum``."""
+    what = "an integer" if convert is int else "a finite number"
+
+    def parse(text: str) -> float:
+        try:
+            value = convert(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not value >= minimum or value == float("inf"):
+            raise argparse.ArgumentTypeError(f"must be {what} of at least {minimum:g}, got {text}")
+        return value
+
+    return parse
 
 
-def non_negative_float(text: str) -> float:
-    """argparse type: a finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+positive_int = at_least(1)
+non_negative_int = at_least(0)
+non_negative_float = at_least(0.0, float)
 
 
 def load_cluster(spec: str, n_devices: int) -> Cluster:
