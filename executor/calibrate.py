@@ -162,8 +162,9 @@ def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes")
     """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s)."""
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
-    # the median of three: one measurement on a shared machine varies by a factor of 3
-    trials = sorted((measure_contention(min(n_devices, 2)) for _ in range(3)),
+    # as many ranks as the run has, in a ring; the median of three: one measurement on a
+    # shared machine varies by a factor of 3
+    trials = sorted((measure_contention(max(n_devices, 2)) for _ in range(3)),
                     key=lambda c: c["host_contention"])
     contention = trials[1]
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
