@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from executor.calibrate import measure_thread_overhead
+from executor.calibrate import measure_device_speedup, measure_thread_overhead
 from executor.memory import tensor_bytes
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
@@ -41,6 +41,8 @@ from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine
 from experiments.validation import grid, predict_and_measure, summarise
 from pipesim.cluster import Cluster
+from pipesim.costs import PlanCosts
+from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
@@ -103,6 +105,7 @@ def main() -> None:
     print(json.dumps(env), flush=True)
     t_start = time.time()
     tables = []
+    speedups: dict[str, dict] = {}
     sizes = sorted({max(1, args.batch // c) for c in (1, 2, 4, 8, 16)})
     for n_stages in [int(s) for s in args.stages.split(",")]:
         over = measure_thread_overhead(args.device, n_stages)
@@ -117,6 +120,18 @@ def main() -> None:
                 prof = profile(module, (x, y), sizes, args.device, loss_fn=loss_fn, repeats=10,
                                warmup=3, progress=False, meta={"model": name})
                 prof.save(out / f"profile_{name}_{dtype}.csv")
+                # the concurrency law of streams sharing the device: measured directly,
+                # beside the one the profile's size scaling implies (what predictions use)
+                laws = {}
+                for b in sizes:
+                    plan_b = Plan([len(module)], max(1, args.batch // b), args.batch)
+                    laws[str(b)] = {
+                        "measured": measure_device_speedup(module, loss_fn, x[:b], y[:b],
+                                                           args.device, n_stages),
+                        "from_profile": PlanCosts(prof, plan_b).device_speedup(prof, n_stages)}
+                speedups[f"{name}/{dtype}/{n_stages}st"] = laws
+                (out / "device_speedup.json").write_text(json.dumps(speedups, indent=1))
+                print(f"device speedup {name}/{dtype}: {laws}", flush=True)
                 plans = grid(prof, n_stages, args.batch,
                              chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16))
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)

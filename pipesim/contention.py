@@ -74,7 +74,7 @@ def speedup_from_scaling(time_at: Callable[[float], float], size: float, streams
     for k in range(2, streams + 1):
         together = time_at(k * size)
         s = k * base / together if together > 0 else 1.0
-        out.append(min(max(s, 1.0), float(k)))
+        out.append(float(min(max(s, 1.0), float(k))))
     return out
 
 

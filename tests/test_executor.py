@@ -362,3 +362,11 @@ def test_a_memory_snapshot_is_the_cuda_allocators_and_refused_on_cpu(tmp_path):
     with pytest.raises(ValueError, match="CUDA allocator"):
         Pipeline(module, Plan([2, 2], 2, 8), loss_fn=loss_fn).run(
             x, y, iterations=1, warmup=0, memory_snapshot=tmp_path / "snap.pickle")
+
+
+def test_device_speedup_is_measured_within_its_bounds():
+    from executor.calibrate import measure_device_speedup
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    speedup = measure_device_speedup(module, loss_fn, x, y, device="cpu", streams=2, iterations=5)
+    assert speedup[0] == 1.0 and 1.0 <= speedup[1] <= 2.0
