@@ -268,7 +268,9 @@ class Profile:
             kept_before = np.concatenate([[0.0], np.cumsum(saved)[:-1]])
             fwd_transient = float((kept_before + cols["fwd_transient_bytes"]).max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
-            bwd_transient = float(cols["bwd_transient_bytes"].max())
+            # the backward of layer i runs after the layers behind it freed what they saved
+            freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
+            bwd_transient = max(float((cols["bwd_transient_bytes"] - freed_after).max()), 0.0)
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,

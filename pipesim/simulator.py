@@ -302,6 +302,7 @@ class Simulator:
         stage_of = {layer: s for s in range(n) for layer in plan.stage_layers(s)}
         self.skips = [(name, stage_of[a], stage_of[b]) for name, a, b in self.profile.skip_routes()
                       if stage_of[a] != stage_of[b]]
+        self.skip_layer = {name: a for name, a, _ in self.profile.skip_routes()}
         self.n_events = 2 * n * m + 2 * m * len(self.skips)
         users = defaultdict(list)
         for w in workers:
@@ -403,10 +404,13 @@ class Simulator:
         popping stage waits for it before its forward and frees it at the end of that
         forward (a merge by addition or concatenation saves nothing), or at the end of its
         backward when the micro-batch is checkpointed and recomputes; the gradient goes
-        straight back.
+        straight back.  The skip tensor costs the stashing stage nothing more when its
+        stash already holds it (the next layer saves it as its input, or it is the stage's
+        output); with a transport that keeps its sends, it lives to the step's end.
         """
         if not self.skips:
             return step
+        release = step.release
         n, m = self.plan.n_stages, self.plan.n_microbatches
         size = self.plan.micro_batch_sizes[mb]
         waits, sends, alloc_end = list(step.waits), list(step.extra_sends), step.alloc_end
@@ -415,9 +419,11 @@ class Simulator:
             event = 2 * n * m + 2 * m * r
             cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
             ckpt = self.plan.checkpointed(mb)
+            stashed = self._in_stash(name, a, size, nbytes)
+            keeps = cross and self.cluster.sender_keeps_sends
             if step.stage == a and step.kind == FORWARD:
                 sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
-                alloc_end += nbytes
+                alloc_end += 0.0 if stashed else nbytes
             elif step.stage == b and step.kind == FORWARD:
                 waits.append(event)
                 alloc_end -= nbytes if cross and not ckpt else 0.0
@@ -428,8 +434,20 @@ class Simulator:
                 waits.append(event + 1)
                 # freed by the stashing stage's backward, or at the step's end if sent
                 # to another device whose transport keeps its sends (see _Run._send)
-                alloc_end -= 0.0 if cross and self.cluster.sender_keeps_sends else nbytes
-        return step._replace(waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end)
+                if keeps and stashed:
+                    release -= nbytes
+                elif not keeps and not stashed:
+                    alloc_end -= nbytes
+        return step._replace(waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end,
+                             release=release)
+
+    def _in_stash(self, name: str, stage: int, size: float, nbytes: float) -> bool:
+        """Whether the stashing stage's stash already holds skip ``name``'s tensor."""
+        after = self.skip_layer[name] + 1  # the layer that reads what the Stash passes on
+        if after >= self.plan.stage_layers(stage).stop:
+            return True  # the stage's output: kept until its backward anyway
+        saved = self.profile.at(after, size, extrapolate=self.costs.extrapolate)
+        return saved["saved_input_bytes"] >= 0.99 * nbytes
 
     def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float,
               event: int | None = None) -> _Send:

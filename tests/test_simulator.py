@@ -320,7 +320,8 @@ def _static_and_grads(prof, plan, cluster):
     costs = simulate(prof, plan, cluster, track_memory=False)  # noqa: F841  (plan is valid)
     for s in range(plan.n_stages):
         device = cluster.devices[plan.stage_devices[s]].resource
-        params = sum(prof.at(layer, 1)["param_bytes"] for layer in plan.stage_layers(s))
+        size = prof.micro_batch_sizes[0]  # parameters do not depend on it
+        params = sum(prof.at(layer, size)["param_bytes"] for layer in plan.stage_layers(s))
         held[device] = held.get(device, 0.0) + params * (2 + plan.optimizer_state_factor)
     return held
 
@@ -401,3 +402,21 @@ def test_unet_free_cluster_matches_an_instant_link():
 
 def _halves(n: int) -> tuple[int, int]:
     return n // 2, n - n // 2
+
+
+@pytest.mark.parametrize("keeps", [False, True])
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("ckpt", ["never", "except_last", "always"])
+def test_skip_memory_balances_on_every_link(keeps, schedule, ckpt):
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments/results/profile_cpu_unet.csv"
+    prof = Profile.load(path)
+    plan = Plan([8, 5], 4, 32, checkpoint=ckpt, schedule=schedule)
+    for link in (Link(0.0, 1e30), Link(1e-4, 1e8)):
+        cluster = Cluster([Device("d0"), Device("d1")], link=link, sender_keeps_sends=keeps)
+        trace = simulate(prof, plan, cluster)
+        assert (trace.memory["bytes"] >= -1e-6).all()
+        final = _levels(trace).groupby("device")["bytes"].last()
+        for device, expected in _static_and_grads(prof, plan, cluster).items():
+            assert final[device] == pytest.approx(expected, abs=1e-3)
