@@ -35,6 +35,10 @@ class StageCost:
     #: input gradient): temporaries, weight gradients being formed; 0 if not profiled
     fwd_transient_bytes: float = 0.0
     bwd_transient_bytes: float = 0.0
+    #: freed as the backward starts, before anything else: on a checkpointed stage that
+    #: ends in the loss, what the loss saved (the loss runs outside the checkpoint, so its
+    #: backward comes first and frees them before the recomputation)
+    freed_first_bytes: float = 0.0
 
 
 class PlanCosts:
@@ -58,6 +62,9 @@ class PlanCosts:
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
+                    loss_stage = (layers.stop == profile.n_layers
+                                  and bool(profile.meta.get("loss_in_last_layer", False)))
+                    body = span.bwd_transient_body_bytes if loss_stage else span.bwd_transient_bytes
                     cache[key] = StageCost(
                         # a checkpointed forward pays the checkpoint's own cost (hooks,
                         # random state) and so does its backward, beside recomputing
@@ -73,8 +80,9 @@ class PlanCosts:
                         # temporaries; a recomputation runs inside the backward, beside
                         # the recomputed activations (recompute_bytes)
                         fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
-                        bwd_transient_bytes=max(span.bwd_transient_bytes,
-                                                span.fwd_temp_bytes if ckpt else 0.0),
+                        bwd_transient_bytes=(max(body, span.fwd_temp_bytes) if ckpt
+                                             else span.bwd_transient_bytes),
+                        freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                     )
                 row.append(cache[key])
             self._table.append(row)

@@ -114,6 +114,10 @@ class LayerCost:
     #: the largest temporaries of one layer's forward alone (nothing kept before it): what
     #: a checkpointed forward, or a recomputation, holds beside its activations
     fwd_temp_bytes: float = 0.0
+    #: ``bwd_transient_bytes`` without the loss layer's (a span ending in the loss): what
+    #: runs after a checkpointed loss stage's recomputation -- the loss is outside the
+    #: checkpoint, its backward runs first
+    bwd_transient_body_bytes: float = 0.0
 
 
 @dataclass
@@ -270,7 +274,12 @@ class Profile:
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             # the backward of layer i runs after the layers behind it freed what they saved
             freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
-            bwd_transient = max(float((cols["bwd_transient_bytes"] - freed_after).max()), 0.0)
+            net = cols["bwd_transient_bytes"] - freed_after
+            bwd_transient = max(float(net.max()), 0.0)
+            body = net[:-1] if loss_span and len(net) > 1 else net
+            bwd_body = max(float(body.max()), 0.0) if loss_span and len(net) > 1 else bwd_transient
+        else:
+            bwd_body = 0.0
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,
@@ -283,6 +292,7 @@ class Profile:
             fwd_transient_bytes=fwd_transient,
             bwd_transient_bytes=bwd_transient,
             fwd_temp_bytes=fwd_temp,
+            bwd_transient_body_bytes=bwd_body,
         )
 
     def isolation_excess(self, micro_batch: float, *, extrapolate: bool = False,

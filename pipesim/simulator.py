@@ -370,7 +370,8 @@ class Simulator:
         transient = c.bwd_transient_bytes
         if first_backward:  # gradients are allocated by the first backward
             transient = max(transient - c.param_bytes, 0.0) + c.param_bytes
-        alloc_start = c.recompute_bytes + in_grad + loss_grad + transient
+        # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
+        alloc_start = c.recompute_bytes + in_grad + loss_grad + transient - c.freed_first_bytes
         if first_backward:
             transient -= c.param_bytes  # the gradients stay
         # Freed at the end: stash, recomputed activations, loss gradient, the received
@@ -378,7 +379,7 @@ class Simulator:
         # lives on: handed to stage s-1 on this device, or freed when its send ends.
         # the stash and the recomputed activations go as the backward walks back -- but
         # not an output sent to another device whose sender keeps its sends to the end
-        release = c.recompute_bytes + c.keep_bytes
+        release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
         if self.cluster.sender_keeps_sends and s < n - 1 and \
                 self.resource_of[self.placement[s + 1]] != device:
             release -= c.output_bytes
