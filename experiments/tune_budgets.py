@@ -52,7 +52,8 @@ def main() -> None:
                        progress=False, meta={"model": name})
         everything = tune(prof, DEVICES, BATCH, float("inf"), cluster=cluster).table
         lo, hi = float(everything.peak_bytes.min()), float(everything.peak_bytes.max())
-        budgets = np.geomspace(lo * 1.02, hi * 1.02, args.budgets)
+        # from just above the smallest peak with the tuner's default margin (10%) on it
+        budgets = np.geomspace(lo * 1.12, hi * 1.12, args.budgets)
         plans = [tune(prof, DEVICES, BATCH, b, cluster=cluster).best for b in budgets]
         runs = spawn_plans(job, plans, iterations=1, warmup=1, track_memory=True)
         for budget, plan, (result, _) in zip(budgets, plans, runs, strict=True):

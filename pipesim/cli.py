@@ -229,7 +229,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     chunks = parse_ints(args.chunks, "--chunks") if args.chunks else None
     result = tune(profile, args.devices, args.batch_size, budget, cluster=cluster, chunks=chunks,
                   schedules=args.schedules.split(","), method=args.method,
-                  optimizer=args.optimizer, progress=sys.stderr.isatty())
+                  optimizer=args.optimizer, progress=sys.stderr.isatty(),
+                  margin=args.memory_margin)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = result.table.drop(columns=["plan"])
@@ -255,6 +256,9 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=32, help="default 32")
     p.add_argument("--memory-budget", default="1GiB",
                    help="per device, e.g. 512MiB, 16GiB; a bare number is bytes (default 1GiB)")
+    p.add_argument("--memory-margin", type=non_negative_float, default=0.10,
+                   help="keep a plan only if its predicted peak plus this share of it fits "
+                   "(default 0.10: the prediction's measured under-estimates)")
     p.add_argument("--chunks", help="candidates, e.g. 1,2,4,8 (default: powers of two in range)")
     p.add_argument("--schedules", default="gpipe,1f1b",
                    help=f"comma-separated, of {', '.join(sorted(SCHEDULES))} (default gpipe,1f1b)")

@@ -276,8 +276,14 @@ class Profile:
             freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
             net = cols["bwd_transient_bytes"] - freed_after
             bwd_transient = max(float(net.max()), 0.0)
-            body = net[:-1] if loss_span and len(net) > 1 else net
-            bwd_body = max(float(body.max()), 0.0) if loss_span and len(net) > 1 else bwd_transient
+            if loss_span:
+                # the last layer's transient less the loss's own (a gradient the size of
+                # its input, the logits): what its layer proper holds, after recomputing
+                body = net.copy()
+                body[-1] -= cols["output_bytes"][-1]
+                bwd_body = max(float(body.max()), 0.0)
+            else:
+                bwd_body = bwd_transient
         else:
             bwd_body = 0.0
         return LayerCost(
