@@ -370,3 +370,34 @@ def test_device_speedup_is_measured_within_its_bounds():
     module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
     speedup = measure_device_speedup(module, loss_fn, x, y, device="cpu", streams=2, iterations=5)
     assert speedup[0] == 1.0 and 1.0 <= speedup[1] <= 2.0
+
+
+@pytest.mark.parametrize(("name", "v"), [("Interleaved1F1B", 2), ("LoopedBFS", 2), ("GPipe", 1),
+                                         ("1F1B", 1)])
+def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
+    from executor.torch_schedules import from_torch
+    from pipesim.simulator import simulate
+    from pipesim.trace import metrics
+
+    job = functools.partial(builtin_job, "mlp", 8, dtype="float64", **MLP)
+    _, ref_grads = reference(job)
+    schedule = from_torch(name, n_ranks=2, n_microbatches=4, stages_per_rank=v, batch_size=8)
+    plan = Plan([1] * 4 if v == 2 else [2, 2], 4, 8, checkpoint="except_last",
+                schedule="interleaved" if v == 2 else "gpipe", virtual_stages=v)
+    module, loss_fn, x, y = job()
+    Pipeline(module, plan, loss_fn=loss_fn, schedule=schedule).run(x, y, iterations=1, warmup=0)
+    assert_same_grads(module, ref_grads)
+    from tests.helpers import uniform_profile
+
+    prof = uniform_profile(4, sizes=(1, 8))
+    assert metrics(simulate(prof, plan, schedule=schedule)).iteration_time_s > 0
+
+
+def test_torch_schedules_that_split_the_backward_are_refused_by_name():
+    from executor.torch_schedules import from_torch
+    from pipesim.errors import ScheduleError
+
+    with pytest.raises(ScheduleError, match=r"ZBVZeroBubble .*split the backward"):
+        from_torch("ZBVZeroBubble", n_ranks=2, n_microbatches=4, stages_per_rank=2)
+    with pytest.raises(ScheduleError, match="torch has no schedule 'Nope'"):
+        from_torch("Nope", n_ranks=2, n_microbatches=4)
