@@ -251,7 +251,7 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="choose balance, chunks, checkpoint and schedule",
                        description="Rank plans by predicted throughput under a memory budget "
                        "per device (exact min-max balance, refined by simulation).")
-    p.add_argument("profile")
+    p.add_argument("profile", help="profile CSV written by `pipesim profile`")
     p.add_argument("--devices", type=positive_int, default=2, help="default 2")
     p.add_argument("--batch-size", type=positive_int, default=32, help="default 32")
     p.add_argument("--memory-budget", default="1GiB",
