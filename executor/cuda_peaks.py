@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import torch
 
+from executor.memory import tensor_bytes
+from executor.memtrack import held_tensors
+
 #: what a CUDA peak counts (the measured trace's ``meta["memory_counted"]``)
 CUDA_PEAK_COUNTS = ("allocator peak during the measured steps, less what was allocated before "
                     "each step, plus this plan's parameters and gradients allocated before it")
@@ -39,13 +42,4 @@ def cuda_peaks(devices: list[torch.device], base: dict[str, int] | None = None,
 
 def plan_bytes(modules: dict[torch.device, list[torch.nn.Module]]) -> dict[str, int]:
     """Bytes of parameters, buffers and existing gradients per device (the plan's own)."""
-    out: dict[str, int] = {}
-    for device, mods in modules.items():
-        n = 0
-        for m in mods:
-            for t in [*m.parameters(), *m.buffers()]:
-                n += t.numel() * t.element_size()
-            n += sum(p.grad.numel() * p.grad.element_size() for p in m.parameters()
-                     if p.grad is not None)
-        out[str(device)] = out.get(str(device), 0) + n
-    return out
+    return {str(device): tensor_bytes(held_tensors(mods)) for device, mods in modules.items()}

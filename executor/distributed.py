@@ -31,7 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.memtrack import Timeline, Tracker, granularity_of, warm_up
+from executor.memtrack import Timeline, Tracker, granularity_of, held_tensors, warm_up
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import (
@@ -174,8 +174,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             stage.zero_grad(set_to_none=True)
         warm_up(device)
         timeline = Timeline(granularity_of(device))
-        timeline.add_existing("rank", [t for m in mine.values()
-                                       for t in (*m.parameters(), *m.buffers())])
+        timeline.add_existing("rank", held_tensors(mine.values()))
         dist.barrier()
         t0 = time.perf_counter()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport,

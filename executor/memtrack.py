@@ -110,6 +110,15 @@ class Tracker(TorchDispatchMode):
         return out
 
 
+def held_tensors(modules: Iterable[torch.nn.Module]) -> list[torch.Tensor]:
+    """What modules hold before a step: parameters, buffers and existing gradients."""
+    out: list[torch.Tensor] = []
+    for m in modules:
+        out += [*m.parameters(), *m.buffers()]
+        out += [p.grad for p in m.parameters() if p.grad is not None]
+    return out
+
+
 def warm_up(device: torch.device) -> None:
     """Pay a dispatch mode's one-time set-up (up to a second in a fresh process) outside
     the tracked work, so that a tracked timeline is not stretched at its start."""

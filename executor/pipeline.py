@@ -30,7 +30,7 @@ from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
 from executor.cuda_peaks import CUDA_PEAK_COUNTS, cuda_peaks, plan_bytes, reset_cuda_peaks
-from executor.memtrack import Timeline, Tracker, granularity_of, warm_up
+from executor.memtrack import Timeline, Tracker, granularity_of, held_tensors, warm_up
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder, shift_rows
@@ -47,15 +47,6 @@ from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_ro
 TRACKED = "executor.memtrack (every tensor torch allocates; one extra, tracked iteration)"
 TRACKED_COUNTS = ("every storage alive on the worker: parameters, gradients, saved and received "
                   "tensors, temporaries and recomputation; not the batch, not allocator caching")
-
-
-def _held_tensors(stages) -> list[torch.Tensor]:
-    """What a worker holds before a step: its parameters, buffers and existing gradients."""
-    out = []
-    for m in stages:
-        out += [*m.parameters(), *m.buffers()]
-        out += [p.grad for p in m.parameters() if p.grad is not None]
-    return out
 
 
 def timeline_frame(timeline: Timeline, origin: float, iteration: int = 0) -> pd.DataFrame:
@@ -202,7 +193,7 @@ class Pipeline:
                    for w, dev in enumerate(self.devices)]
         if timeline is not None:
             for w in range(len(self.devices)):
-                timeline.add_existing(f"dev{w}", _held_tensors(self._stages_of(w).values()))
+                timeline.add_existing(f"dev{w}", held_tensors(self._stages_of(w).values()))
         errors: list[BaseException] = []
 
         def work(w: int) -> None:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from executor.memtrack import Timeline, Tracker
+from executor.memtrack import Timeline, Tracker, held_tensors
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import stage_skips
@@ -102,7 +102,7 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
     for _ in range(iterations):
         part.zero_grad(set_to_none=True)
         timeline = Timeline()
-        timeline.add_existing("stage", [*part.parameters(), *part.buffers()])
+        timeline.add_existing("stage", held_tensors([part]))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
             torch.cuda.empty_cache()

@@ -128,7 +128,7 @@ def main() -> None:
                     laws[str(b)] = {
                         "measured": measure_device_speedup(module, loss_fn, x[:b], y[:b],
                                                            args.device, n_stages),
-                        "from_profile": PlanCosts(prof, plan_b).device_speedup(prof, n_stages)}
+                        "from_profile": PlanCosts(prof, plan_b).device_speedup(n_stages)}
                 speedups[f"{name}/{dtype}/{n_stages}st"] = laws
                 (out / "device_speedup.json").write_text(json.dumps(speedups, indent=1))
                 print(f"device speedup {name}/{dtype}: {laws}", flush=True)

@@ -31,6 +31,7 @@ from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import write_results
 from experiments.repredict_evidence import EVIDENCE
+from experiments.validation import TRANSIENTS, without_columns
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -69,8 +70,7 @@ def main() -> None:
     rows, byte_rows = [], []
     for dtype in ("float32", "bfloat16"):
         prof = cpu_profile(dtype)
-        without = Profile(prof.table.drop(columns=["fwd_transient_bytes", "bwd_transient_bytes"]),
-                          prof.meta)
+        without = without_columns(prof, TRANSIENTS)
         for r in (r for r in records if r["dtype"] == dtype):
             plan = parse_plan(r["plan"])
             cluster = Cluster.shared_gpu(2)

@@ -36,11 +36,12 @@ from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
+    CHECKPOINT_COSTS,
     grid,
     predict_and_measure,
     replay_error,
     summarise,
-    without_checkpoint_costs,
+    without_columns,
 )
 from pipesim.plot import scatter_predicted_measured
 
@@ -93,7 +94,7 @@ def main() -> None:
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 
-        ablations = {"no_ckpt_cost": (without_checkpoint_costs(prof), cluster),
+        ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), cluster),
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
         tables.append(table)

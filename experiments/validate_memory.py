@@ -34,6 +34,7 @@ from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
 from experiments.validate import BATCH, MODELS
+from experiments.validation import TRANSIENTS, without_columns
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
@@ -60,12 +61,6 @@ def grid(profile: Profile, quick: bool) -> list[Plan]:
     return plans
 
 
-def without_transients(profile: Profile) -> Profile:
-    table = profile.table.drop(columns=["fwd_transient_bytes", "bwd_transient_bytes"],
-                               errors="ignore")
-    return Profile(table, profile.meta, profile.source)
-
-
 def predicted_peaks(profile: Profile, plan: Plan, cluster: Cluster) -> list[float]:
     trace = simulate(profile, plan, cluster)
     peaks = metrics(trace).peak_memory_bytes
@@ -86,7 +81,7 @@ def main() -> None:
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
         prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=1, warmup=0,
                        progress=False, checkpointed=False, meta={"model": name})
-        bare = without_transients(prof)
+        bare = without_columns(prof, TRANSIENTS)
         plans = grid(prof, args.quick)
         print(f"{name}: {len(plans)} plans", flush=True)
         runs = spawn_plans(job, plans, iterations=1, warmup=1, track_memory=True)

@@ -44,11 +44,17 @@ def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
             for c in chunks if c <= batch for k in checkpoints for s in schedules]
 
 
-def without_checkpoint_costs(profile: Profile) -> Profile:
-    """``profile`` without its ``ckpt_*`` columns: checkpointing then costs one more
-    forward and nothing else (the model before those columns; for ablations)."""
-    table = profile.table.drop(columns=["ckpt_fwd_s", "ckpt_bwd_s"], errors="ignore")
-    return Profile(table, profile.meta, profile.source)
+#: optional profile columns behind one mechanism each (for ablations)
+CHECKPOINT_COSTS = ("ckpt_fwd_s", "ckpt_bwd_s")
+TRANSIENTS = ("fwd_transient_bytes", "bwd_transient_bytes")
+
+
+def without_columns(profile: Profile, columns: tuple[str, ...]) -> Profile:
+    """``profile`` without some optional columns: the model as it was before them (without
+    CHECKPOINT_COSTS checkpointing costs one more forward and nothing else; without
+    TRANSIENTS nothing is held beyond what is saved)."""
+    return Profile(profile.table.drop(columns=list(columns), errors="ignore"), profile.meta,
+                   profile.source)
 
 
 def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,

@@ -46,7 +46,7 @@ class PlanCosts:
 
     def __init__(self, profile: Profile, plan: Plan, *, extrapolate: bool = False):
         plan.check_layers(profile.n_layers)
-        self.plan = plan
+        self.profile, self.plan = profile, plan
         self.extrapolate = extrapolate
         sizes = plan.micro_batch_sizes
         cache: dict[tuple[int, int, bool], StageCost] = {}
@@ -62,9 +62,7 @@ class PlanCosts:
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
-                    loss_stage = (layers.stop == profile.n_layers
-                                  and bool(profile.meta.get("loss_in_last_layer", False)))
-                    body = span.bwd_transient_body_bytes if loss_stage else span.bwd_transient_bytes
+                    loss_stage = profile.ends_in_loss(layers.stop)
                     cache[key] = StageCost(
                         # a checkpointed forward pays the checkpoint's own cost (hooks,
                         # random state) and so does its backward, beside recomputing
@@ -80,8 +78,9 @@ class PlanCosts:
                         # temporaries; a recomputation runs inside the backward, beside
                         # the recomputed activations (recompute_bytes)
                         fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
-                        bwd_transient_bytes=(max(body, span.fwd_temp_bytes) if ckpt
-                                             else span.bwd_transient_bytes),
+                        bwd_transient_bytes=(
+                            max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
+                            else span.bwd_transient_bytes),
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                     )
                 row.append(cache[key])
@@ -93,7 +92,7 @@ class PlanCosts:
     def stage_param_bytes(self, stage: int) -> float:
         return self._table[stage][0].param_bytes
 
-    def device_speedup(self, profile: Profile, streams: int) -> list[float]:
+    def device_speedup(self, streams: int) -> list[float]:
         """Aggregate speedup of ``streams`` workers' kernels run together on one device.
 
         Read off the profile's size scaling at the plan's (first) micro-batch size, for the
@@ -101,6 +100,7 @@ class PlanCosts:
         micro-batches of ``b`` samples do the work of one stream of ``k * b``.  Beyond the
         largest profiled size the time grows in proportion to the size (a saturated device).
         """
+        profile = self.profile
         largest = profile.micro_batch_sizes[-1]
         whole = (0, profile.n_layers)
 

@@ -244,7 +244,7 @@ class Profile:
         # gradient that arrives from the next stage), saved or not -- unless the span ends
         # in the loss: then its output is the loss, and the last layer's output (logits)
         # lives on only as far as the loss saved it.
-        loss_span = stop == self.n_layers and self.meta.get("loss_in_last_layer", False)
+        loss_span = self.ends_in_loss(stop)
         stash = saved.sum() - shared - (0.0 if loss_span else s_out[-1] - cols["output_bytes"][-1])
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
@@ -300,6 +300,11 @@ class Profile:
             fwd_temp_bytes=fwd_temp,
             bwd_transient_body_bytes=bwd_body,
         )
+
+    def ends_in_loss(self, stop: int) -> bool:
+        """Whether a span of layers ending before ``stop`` ends in the loss (the profile's
+        last layer, when it was measured with the loss)."""
+        return stop == self.n_layers and bool(self.meta.get("loss_in_last_layer", False))
 
     def isolation_excess(self, micro_batch: float, *, extrapolate: bool = False,
                          checkpointed: bool = False) -> tuple[float, float] | None:

@@ -312,7 +312,7 @@ class Simulator:
         if self.cluster.device_sharing == "concurrent" and self.shared_resources:
             streams = max(len(ws) for ws in users.values())
             speedup = (list(self.cluster.device_speedup)
-                       or self.costs.device_speedup(self.profile, streams))
+                       or self.costs.device_speedup(streams))
             self.device_law = device_law(speedup)
         hosts = defaultdict(set)
         for w in workers:
@@ -365,15 +365,14 @@ class Simulator:
                          c.keep_bytes - t, send)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
-        # transients of the backward: a stage's first backward turns its new weight
-        # gradients into .grad (counted in param_bytes); later ones add them from temporaries
-        transient = c.bwd_transient_bytes
-        if first_backward:  # gradients are allocated by the first backward
-            transient = max(transient - c.param_bytes, 0.0) + c.param_bytes
+        # transients of the backward: a stage's first backward allocates its gradients,
+        # which stay, and its new weight gradients are them (not temporaries beside them);
+        # later ones form weight gradients in temporaries before adding them
+        grads = c.param_bytes if first_backward else 0.0
+        transient = max(c.bwd_transient_bytes - grads, 0.0)
         # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
-        alloc_start = c.recompute_bytes + in_grad + loss_grad + transient - c.freed_first_bytes
-        if first_backward:
-            transient -= c.param_bytes  # the gradients stay
+        alloc_start = (c.recompute_bytes + in_grad + loss_grad + grads + transient
+                       - c.freed_first_bytes)
         # Freed at the end: stash, recomputed activations, loss gradient, the received
         # activation (another device's) and the received gradient.  The input gradient
         # lives on: handed to stage s-1 on this device, or freed when its send ends.
@@ -420,7 +419,8 @@ class Simulator:
             event = 2 * n * m + 2 * m * r
             cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
             ckpt = self.plan.checkpointed(mb)
-            stashed = self._in_stash(name, a, size, nbytes)
+            # only the stashing stage asks whether its stash already holds the skip
+            stashed = step.stage == a and self._in_stash(name, a, size, nbytes)
             keeps = cross and self.cluster.sender_keeps_sends
             if step.stage == a and step.kind == FORWARD:
                 sends.append(self._send(w, a, b, "SEND_S", nbytes, event))

@@ -317,13 +317,22 @@ def _levels(trace):
 def _static_and_grads(prof, plan, cluster):
     """What a device holds after an iteration: parameters, optimizer state, gradients."""
     held: dict[str, float] = {}
-    costs = simulate(prof, plan, cluster, track_memory=False)  # noqa: F841  (plan is valid)
     for s in range(plan.n_stages):
         device = cluster.devices[plan.stage_devices[s]].resource
         size = prof.micro_batch_sizes[0]  # parameters do not depend on it
         params = sum(prof.at(layer, size)["param_bytes"] for layer in plan.stage_layers(s))
         held[device] = held.get(device, 0.0) + params * (2 + plan.optimizer_state_factor)
     return held
+
+
+def _assert_memory_balances(prof, plan, cluster, abs_tol):
+    """Levels never negative; after the iteration each device holds exactly its
+    parameters, their gradients and the optimizer state: everything else was freed."""
+    trace = simulate(prof, plan, cluster)
+    assert (trace.memory["bytes"] >= -1e-6).all()
+    final = _levels(trace).groupby("device")["bytes"].last()
+    for device, expected in _static_and_grads(prof, plan, cluster).items():
+        assert final[device] == pytest.approx(expected, abs=abs_tol)
 
 
 @st.composite
@@ -349,13 +358,7 @@ def memory_scenarios(draw):
 @given(memory_scenarios())
 def test_property_memory_levels_never_negative_and_every_free_matches_an_allocation(case):
     prof, plan, cluster = case
-    trace = simulate(prof, plan, cluster)
-    assert (trace.memory["bytes"] >= -1e-6).all()
-    # after the iteration each device holds exactly its parameters, their gradients and
-    # the optimizer state: every activation, buffer and transient allocated was freed
-    final = _levels(trace).groupby("device")["bytes"].last()
-    for device, expected in _static_and_grads(prof, plan, cluster).items():
-        assert final[device] == pytest.approx(expected, abs=1e-6)
+    _assert_memory_balances(prof, plan, cluster, abs_tol=1e-6)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -415,8 +418,4 @@ def test_skip_memory_balances_on_every_link(keeps, schedule, ckpt):
     plan = Plan([8, 5], 4, 32, checkpoint=ckpt, schedule=schedule)
     for link in (Link(0.0, 1e30), Link(1e-4, 1e8)):
         cluster = Cluster([Device("d0"), Device("d1")], link=link, sender_keeps_sends=keeps)
-        trace = simulate(prof, plan, cluster)
-        assert (trace.memory["bytes"] >= -1e-6).all()
-        final = _levels(trace).groupby("device")["bytes"].last()
-        for device, expected in _static_and_grads(prof, plan, cluster).items():
-            assert final[device] == pytest.approx(expected, abs=1e-3)
+        _assert_memory_balances(prof, plan, cluster, abs_tol=1e-3)
