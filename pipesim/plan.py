@@ -22,6 +22,16 @@ CHECKPOINT_MODES = ("always", "except_last", "never")
 OPTIMIZER_STATE = {"adam": 2.0, "sgd": 0.0, "momentum": 1.0}
 
 
+#: schedules whose two stages a device sit in a V (see :func:`v_placement`)
+V_SCHEDULES = ("zbv",)
+
+
+def v_placement(n_devices: int) -> tuple[int, ...]:
+    """Stage -> device of a V: stages ``0..n-1`` down the devices, ``n..2n-1`` back up, so
+    device ``d`` holds stages ``d`` and ``2n - 1 - d`` (the first and the last on device 0)."""
+    return tuple(range(n_devices)) + tuple(reversed(range(n_devices)))
+
+
 @dataclass(frozen=True)
 class Plan:
     """A pipeline plan.
@@ -37,10 +47,12 @@ class Plan:
         ``always`` (every micro-batch recomputes its forward in backward),
         ``except_last`` (all but the last), ``never``.
     schedule
-        ``gpipe``, ``1f1b`` or ``interleaved`` (see :mod:`pipesim.schedule`).
+        ``gpipe``, ``1f1b``, ``interleaved``, ``zb-h1``, ``zb-h2`` or ``zbv`` (see
+        :mod:`pipesim.schedule`).
     placement
         device (worker) index of each stage.  Default: stage ``s`` on device ``s``, or
-        ``s % n_devices`` for interleaved schedules (``virtual_stages`` stages a device).
+        ``s % n_devices`` for interleaved schedules (``virtual_stages`` stages a device),
+        or the V of :func:`v_placement` for ``zbv``.
     virtual_stages
         stages per device for interleaved schedules (``v``).
     optimizer
@@ -116,6 +128,8 @@ class Plan:
         if self.placement is not None:
             return tuple(self.placement)
         n_devices = self.n_stages // self.virtual_stages
+        if self.schedule in V_SCHEDULES and self.virtual_stages == 2:
+            return v_placement(n_devices)
         return tuple(s % n_devices for s in range(self.n_stages))
 
     @property

@@ -12,21 +12,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from pipesim.trace import Trace
+from pipesim.trace import COMPUTE_KINDS, Trace
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 #: colours by action kind (forward, backward, recompute, transfers)
-COLOURS = {"F": "#4C72B0", "B": "#55A868", "R": "#DD8452", "SEND_F": "#8C8C8C",
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D8B2", "R": "#DD8452", "SEND_F": "#8C8C8C",
            "SEND_B": "#B0B0B0", "SEND_S": "#8172B3", "SEND_SB": "#B8A9E0"}
-_LABELS = {"F": "forward", "B": "backward", "R": "recompute", "SEND_F": "send activation",
+_LABELS = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
+           "R": "recompute", "SEND_F": "send activation",
            "SEND_B": "send gradient", "SEND_S": "send skip", "SEND_SB": "send skip gradient"}
 
 
 def _rows(actions: pd.DataFrame, by: str) -> list[str]:
     """Row labels of the chart: stages (or devices), then links."""
-    compute = actions[actions["kind"].isin(["F", "B", "R"])]
+    compute = actions[actions["kind"].isin([*COMPUTE_KINDS, "R"])]
     keys = sorted(compute[by].unique())
     labels = [f"{by} {k}" for k in keys]
     links = sorted(actions.loc[actions["kind"].str.startswith("SEND"), "resource"].unique())
@@ -52,7 +53,7 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
     t0 = float(a["start"].min()) if t0 is None else t0
     min_width = 0.003 * float(a["end"].max() - a["start"].min()) * 1e3
     seen: set[str] = set()
-    for kind in ("F", "B", "R", "SEND_F", "SEND_B", "SEND_S", "SEND_SB"):
+    for kind in ("F", "B", "I", "W", "R", "SEND_F", "SEND_B", "SEND_S", "SEND_SB"):
         part = a[a["kind"] == kind]
         if part.empty:
             continue
@@ -66,7 +67,7 @@ def gantt(trace: Trace, ax: Axes | None = None, *, by: str = "stage", title: str
         ax.barh(ys, widths, left=starts, height=height, color=COLOURS[kind], edgecolor="white",
                 linewidth=0.5, label=_LABELS[kind] if kind not in seen else None)
         seen.add(kind)
-        if label_microbatches and kind in ("F", "B") and len(part) <= 400:
+        if label_microbatches and kind in COMPUTE_KINDS and len(part) <= 400:
             for y, x, w, mb in zip(ys, starts, widths, part["microbatch"], strict=True):
                 ax.text(x + w / 2, y, str(mb), ha="center", va="center", fontsize=7, color="white")
     ax.set_yticks(range(len(rows)), rows)

@@ -32,6 +32,12 @@ Optional columns (profiles without them still load; the simulator then falls bac
                             and random-state bookkeeping included)
 ``ckpt_bwd_s``      float   backward seconds of a checkpointed forward: recomputation,
                             then the backward
+``bwd_input_s``     float   seconds of the backward's input-gradient half alone (``I``:
+                            ``autograd.grad`` to the layer's input)
+``bwd_weight_s``    float   seconds of its weight-gradient half (``W``), run after ``I``
+                            from the output gradients ``I`` kept; without these columns
+                            a layer with parameters splits ``bwd_s`` in equal halves (a
+                            matmul's two gradients cost the same) and one without has no W
 ``fwd_transient_bytes`` int bytes the forward holds only while it runs (temporaries)
 ``bwd_transient_bytes`` int bytes the backward holds only while it runs, beyond the input
                             gradient: weight gradients being formed, temporaries
@@ -85,6 +91,8 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "ckpt_bwd_s": "float",
     "fwd_transient_bytes": "float",
     "bwd_transient_bytes": "float",
+    "bwd_input_s": "float",
+    "bwd_weight_s": "float",
 }
 _TIME_COLUMNS = ("fwd_s", "bwd_s")
 _BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
@@ -118,6 +126,14 @@ class LayerCost:
     #: runs after a checkpointed loss stage's recomputation -- the loss is outside the
     #: checkpoint, its backward runs first
     bwd_transient_body_bytes: float = 0.0
+    #: the backward split in two (seconds): the input gradient ``I`` and the weight
+    #: gradients ``W``; scaled like ``bwd_s``, so they add up to it unless the profile
+    #: measured a split that costs more than the whole
+    bwd_input_s: float = 0.0
+    bwd_weight_s: float = 0.0
+    #: bytes ``I`` leaves for ``W``: the output gradients of the layers with parameters,
+    #: but the span's last (that one is the gradient it received)
+    w_pending_bytes: float = 0.0
 
 
 @dataclass
@@ -247,6 +263,7 @@ class Profile:
         loss_span = self.ends_in_loss(stop)
         stash = saved.sum() - shared - (0.0 if loss_span else s_out[-1] - cols["output_bytes"][-1])
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
+        bwd_layers = bwd_s
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
         excess = self.isolation_excess(micro_batch, extrapolate=extrapolate)
         if excess is not None:
@@ -286,9 +303,20 @@ class Profile:
                 bwd_body = bwd_transient
         else:
             bwd_body = 0.0
+        weighted = cols["param_bytes"] > 0
+        if "bwd_input_s" in cols and "bwd_weight_s" in cols:
+            i_s, w_s = float(cols["bwd_input_s"].sum()), float(cols["bwd_weight_s"].sum())
+        else:
+            w_s = float(cols["bwd_s"][weighted].sum()) / 2
+            i_s = bwd_layers - w_s
+        scale = bwd_s / bwd_layers if bwd_layers > 0 else 1.0  # the isolation correction
+        pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,
+            bwd_input_s=i_s * scale,
+            bwd_weight_s=w_s * scale,
+            w_pending_bytes=pending,
             input_bytes=float(cols["input_bytes"][0]),
             output_bytes=float(cols["output_bytes"][-1]),
             stash_bytes=float(stash),

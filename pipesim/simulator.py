@@ -43,11 +43,19 @@ import pandas as pd
 import simpy
 
 from pipesim.cluster import FREE, Cluster
+from pipesim.errors import ScheduleError
 from pipesim.contention import ProcessorSharing, device_law, host_law
 from pipesim.costs import PlanCosts, StageCost
 from pipesim.plan import Plan
 from pipesim.profile import Profile
-from pipesim.schedule import FORWARD, Schedule, build_schedule
+from pipesim.schedule import (
+    BACKWARD,
+    FORWARD,
+    INPUT_GRAD,
+    WEIGHT_GRAD,
+    Schedule,
+    build_schedule,
+)
 from pipesim.trace import ACTION_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
 
 #: (stage, kind, microbatch) -> seconds; replaces the whole duration of that action
@@ -303,6 +311,10 @@ class Simulator:
         self.skips = [(name, stage_of[a], stage_of[b]) for name, a, b in self.profile.skip_routes()
                       if stage_of[a] != stage_of[b]]
         self.skip_layer = {name: a for name, a, _ in self.profile.skip_routes()}
+        if self.skips and self.schedule.splits_backward:
+            raise ScheduleError(f"schedule {self.schedule.name!r} splits the backward, and skip "
+                                f"connections cross stages here ({', '.join(n for n, *_ in self.skips)})"
+                                ": not modelled yet; use a schedule with a full backward")
         self.n_events = 2 * n * m + 2 * m * len(self.skips)
         users = defaultdict(list)
         for w in workers:
@@ -332,8 +344,9 @@ class Simulator:
             program = []
             for s, kind, mb in self.schedule.order[w]:
                 c = costs.cost(s, mb)
-                first_backward = kind != FORWARD and s not in grads_seen
-                if kind != FORWARD:
+                # the stage's first action that forms weight gradients allocates them
+                first_backward = kind in (BACKWARD, WEIGHT_GRAD) and s not in grads_seen
+                if first_backward:
                     grads_seen.add(s)
                 key = (s, kind, id(c), first_backward)
                 if self.durations and (s, kind, mb) in self.durations:
@@ -370,14 +383,12 @@ class Simulator:
         # later ones form weight gradients in temporaries before adding them
         grads = c.param_bytes if first_backward else 0.0
         transient = max(c.bwd_transient_bytes - grads, 0.0)
-        # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
-        alloc_start = (c.recompute_bytes + in_grad + loss_grad + grads + transient
-                       - c.freed_first_bytes)
-        # Freed at the end: stash, recomputed activations, loss gradient, the received
-        # activation (another device's) and the received gradient.  The input gradient
-        # lives on: handed to stage s-1 on this device, or freed when its send ends.
-        # the stash and the recomputed activations go as the backward walks back -- but
-        # not an output sent to another device whose sender keeps its sends to the end
+        # Freed at the end of the backward (of W when split): stash, recomputed
+        # activations, loss gradient, the received activation (another device's) and the
+        # received gradient.  The input gradient lives on: handed to stage s-1 on this
+        # device, or freed when its send ends.  The stash and the recomputed activations go
+        # as the backward walks back -- but not an output sent to another device whose
+        # sender keeps its sends to the step's end.
         release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
         if self.cluster.sender_keeps_sends and s < n - 1 and \
                 self.resource_of[self.placement[s + 1]] != device:
@@ -387,14 +398,29 @@ class Simulator:
             freed += boundary
         if s < n - 1:
             freed += c.output_bytes
-        if measured is None:
-            seconds, recompute = c.bwd_s + c.recompute_s + overhead, c.recompute_s
-        else:
-            seconds = measured
-            recompute = min(c.recompute_s, seconds)
         send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
         waits = (s * m * 2 + 1,) if s < n - 1 else ()
-        return _Step(s, kind, waits, seconds, recompute, alloc_start, -freed, send, release=release)
+        # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
+        gradient_start = c.recompute_bytes + in_grad + loss_grad - c.freed_first_bytes
+        if kind == WEIGHT_GRAD:
+            # W: weight gradients from the output gradients I kept, then everything goes
+            seconds = c.bwd_weight_s + overhead if measured is None else measured
+            return _Step(s, kind, (), seconds, 0.0, grads + transient,
+                         -(freed + c.w_pending_bytes), None, release=release)
+        recompute = c.recompute_s
+        if kind == INPUT_GRAD:
+            # I: the input gradient (after recomputing, when checkpointed); the stash, the
+            # received tensors and the output gradients for W stay until W
+            seconds = c.bwd_input_s + recompute + overhead
+            alloc_start, alloc_end, release = gradient_start + transient, \
+                c.w_pending_bytes - transient, 0.0
+        else:
+            seconds = c.bwd_s + recompute + overhead
+            alloc_start, alloc_end = gradient_start + grads + transient, -freed
+        if measured is not None:
+            seconds, recompute = measured, min(recompute, measured)
+        return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
+                     release=release)
 
     def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
         """Add the skip connections that start or end at this step's stage.

@@ -44,7 +44,7 @@ ACTION_COLUMNS = ["iteration", "device", "stage", "microbatch", "kind", "start",
 HOST_COLUMNS = ["host_start", "host_end"]
 MEASURED_COLUMNS = ACTION_COLUMNS + HOST_COLUMNS
 MEMORY_COLUMNS = ["iteration", "device", "time", "bytes"]
-COMPUTE_KINDS = ("F", "B")
+COMPUTE_KINDS = ("F", "B", "I", "W")
 TRANSFER_KINDS = ("SEND_F", "SEND_B", "SEND_S", "SEND_SB")
 
 

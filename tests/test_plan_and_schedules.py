@@ -93,8 +93,12 @@ def test_deadlock_names_the_stuck_actions():
 
 
 def test_incomplete_and_misplaced_actions():
-    with pytest.raises(ScheduleError, match=r"lacks 1 action\(s\): 0B0"):
+    with pytest.raises(ScheduleError, match=r"incomplete \(1 problem\(s\)\): 0B0 \(or its I and W\)"):
         Schedule.from_order([[Action(0, "F", 0)]])
+    with pytest.raises(ScheduleError, match=r"0W0 missing"):
+        Schedule.from_order([[Action(0, "F", 0), Action(0, "I", 0)]])
+    with pytest.raises(ScheduleError, match=r"both B and a split backward"):
+        Schedule.from_order([[Action(0, "F", 0), Action(0, "B", 0), Action(0, "W", 0)]])
     with pytest.raises(ScheduleError, match=r"appears twice"):
         Schedule.from_order([[Action(0, "F", 0), Action(0, "F", 0), Action(0, "B", 0)]])
 

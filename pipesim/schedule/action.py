@@ -1,8 +1,11 @@
 """Actions and schedules: per-device ordered lists of work.
 
-An action is one stage's forward (``F``) or backward (``B``) on one micro-batch.  Its
-text form is torch.distributed.pipelining's: ``"1F0"`` is stage 1's forward of
-micro-batch 0, ``"0B3"`` stage 0's backward of micro-batch 3.  A schedule's CSV file has
+An action is one stage's forward (``F``) or backward (``B``) on one micro-batch; a split
+backward is two actions instead of ``B``: ``I``, the input gradient (what the previous
+stage waits for), and ``W``, the weight gradients (which nothing waits for, so a
+zero-bubble schedule defers them into what would be idle time).  The text form is
+torch.distributed.pipelining's: ``"1F0"`` is stage 1's forward of micro-batch 0,
+``"0B3"`` stage 0's backward of micro-batch 3, ``"0I3"``/``"0W3"`` its two halves.  A schedule's CSV file has
 one row per device (rank), each cell an action, exactly as that library's
 ``_dump_csv``/``_load_csv`` read and write it.
 """
@@ -18,7 +21,12 @@ from typing import NamedTuple
 from pipesim.errors import ScheduleError
 
 FORWARD, BACKWARD = "F", "B"
-_ACTION = re.compile(r"^(\d+)(F|B)(\d+)$")
+INPUT_GRAD, WEIGHT_GRAD = "I", "W"
+#: the actions that send a gradient to the previous stage (a full or an input backward)
+GRADIENT_KINDS = (BACKWARD, INPUT_GRAD)
+#: every action that runs on the backward's side (gradients, the stage's parameters')
+BACKWARD_KINDS = (BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+_ACTION = re.compile(r"^(\d+)(F|B|I|W)(\d+)$")
 
 
 class Action(NamedTuple):
@@ -36,7 +44,7 @@ class Action(NamedTuple):
         """Parse ``"1F0"``; raises :class:`ScheduleError` on anything else."""
         match = _ACTION.match(text.strip())
         if not match:
-            raise ScheduleError(f"{text!r} is not an action (expected e.g. '1F0' or '0B3')")
+            raise ScheduleError(f"{text!r} is not an action (expected e.g. '1F0', '0B3', '0I3' or '0W3')")
         return cls(int(match[1]), match[2], int(match[3]))
 
 
@@ -63,6 +71,11 @@ class Schedule:
     @property
     def n_devices(self) -> int:
         return len(self.order)
+
+    @property
+    def splits_backward(self) -> bool:
+        """Whether any backward is split into input (``I``) and weight (``W``) gradients."""
+        return any(a.kind == INPUT_GRAD for device in self.order for a in device)
 
     def actions(self) -> list[Action]:
         """All actions, device by device."""
