@@ -18,8 +18,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
 
 #: colours by action kind (forward, backward, recompute, transfers)
-COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D8B2", "R": "#DD8452", "SEND_F": "#8C8C8C",
-           "SEND_B": "#B0B0B0", "SEND_S": "#8172B3", "SEND_SB": "#B8A9E0"}
+COLOURS = {"F": "#4C72B0", "B": "#55A868", "I": "#55A868", "W": "#A6D8B2", "R": "#DD8452",
+           "SEND_F": "#8C8C8C", "SEND_B": "#B0B0B0", "SEND_S": "#8172B3", "SEND_SB": "#B8A9E0"}
 _LABELS = {"F": "forward", "B": "backward", "I": "input gradient", "W": "weight gradient",
            "R": "recompute", "SEND_F": "send activation",
            "SEND_B": "send gradient", "SEND_S": "send skip", "SEND_SB": "send skip gradient"}

@@ -43,9 +43,9 @@ import pandas as pd
 import simpy
 
 from pipesim.cluster import FREE, Cluster
-from pipesim.errors import ScheduleError
 from pipesim.contention import ProcessorSharing, device_law, host_law
 from pipesim.costs import PlanCosts, StageCost
+from pipesim.errors import ScheduleError
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.schedule import (
