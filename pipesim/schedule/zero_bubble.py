@@ -104,15 +104,15 @@ def zero_bubble_order(n_stages: int, n_microbatches: int, placement: tuple[int, 
             continue
         choice: Action | None = None
         # 1. an input gradient: the earliest ready, the later stage on a tie
-        cands = [(r, -s) for s in stages_of[d] if (r := ready_i(s, now)) is not None]
-        if cands:
-            s = -min(cands)[1]
+        inputs = [(r, -s) for s in stages_of[d] if (r := ready_i(s, now)) is not None]
+        if inputs:
+            s = -min(inputs)[1]
             choice = Action(s, INPUT_GRAD, next_i[s])
         elif held[d] < cap[d]:
             # 2. a forward: the later stage first (it brings a micro-batch to its loss)
-            cands = [(-s, r) for s in stages_of[d] if (r := ready_f(s, now)) is not None]
-            if cands:
-                s = -min(cands)[0]
+            forwards = [s for s in stages_of[d] if ready_f(s, now) is not None]
+            if forwards:
+                s = max(forwards)
                 choice = Action(s, FORWARD, next_f[s])
         if choice is None and pending_w[d]:
             choice = pending_w[d].pop(0)  # 3. the oldest deferred weight gradient
