@@ -46,7 +46,7 @@ from executor.recorder import Recorder, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
-from pipesim.schedule import FORWARD, Schedule, build_schedule
+from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
 from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
 
 #: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
@@ -75,8 +75,8 @@ def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
     """The messages every other rank sends to ``rank``, per peer, in the order it sends them.
 
     Mirrors :class:`executor.stage.StageRunner`: a forward sends its output, then the skip
-    tensors it stashes; a backward sends the popped skips' gradients, then its input's
-    gradient.  Keys are ``(receiving stage, kind, micro-batch)``.  A transport without
+    tensors it stashes; a backward (or an input gradient, I) sends the popped skips'
+    gradients, then its input's gradient; a weight gradient (W) sends nothing.  Keys are ``(receiving stage, kind, micro-batch)``.  A transport without
     tags (NCCL) receives in this order (see :class:`executor.transport.DistTransport`).
     """
     last = len(schedule.placement) - 1
@@ -91,6 +91,8 @@ def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
             if a.kind == FORWARD:
                 sends = [(s + 1, "F")] if s < last else []
                 sends += [(b, f"S:{name}") for name, src, b in skips if src == s]
+            elif a.kind == WEIGHT_GRAD:
+                sends = []  # weight gradients stay on their stage
             else:
                 sends = [(src, f"SB:{name}") for name, src, b in skips if b == s]
                 sends += [(s - 1, "B")] if s > 0 else []
@@ -119,7 +121,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             if schedule.placement[s] == rank}
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)
-    skips = stage_skips(module, plan)
+    skips = stage_skips(module, plan, schedule)
     if tags is None:
         tags = dist.get_backend() != "nccl"
     transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s,

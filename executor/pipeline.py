@@ -81,11 +81,18 @@ def measured_meta(plan: Plan, schedule: Schedule, transport: str, devices: dict,
     return meta
 
 
-def stage_skips(module: nn.Sequential, plan: Plan) -> tuple[tuple[str, int, int], ...]:
-    """Skips that cross stages: ``(name, stashing stage, popping stage)``; checks them all."""
+def stage_skips(module: nn.Sequential, plan: Plan, schedule: Schedule | None = None
+                ) -> tuple[tuple[str, int, int], ...]:
+    """Skips that cross stages: ``(name, stashing stage, popping stage)``; checks them all,
+    and refuses them under a ``schedule`` that splits the backward (not supported yet)."""
     stage_of = {layer: s for s in range(plan.n_stages) for layer in plan.stage_layers(s)}
-    return tuple((r.name, stage_of[r.src], stage_of[r.dst]) for r in check_skips(module)
-                 if stage_of[r.src] != stage_of[r.dst])
+    skips = tuple((r.name, stage_of[r.src], stage_of[r.dst]) for r in check_skips(module)
+                  if stage_of[r.src] != stage_of[r.dst])
+    if skips and schedule is not None and schedule.splits_backward:
+        raise PlanError(f"schedule {schedule.name!r} splits the backward, and skip connections "
+                        f"cross stages ({', '.join(n for n, *_ in skips)}): not supported yet; "
+                        "use a schedule with a full backward or keep each skip in one stage")
+    return skips
 
 
 def check_inputs(module: nn.Module, plan: Plan, schedule: Schedule, batch: int) -> None:
@@ -127,7 +134,7 @@ class Pipeline:
             stage.to(self.devices[self.schedule.placement[s]])
         self.timeout_s = timeout_s
         self.rng_lock = threading.Lock()
-        self.skips = stage_skips(module, plan)
+        self.skips = stage_skips(module, plan, self.schedule)
         self._streams: dict[int, torch.cuda.Stream] = {}  # one compute stream per CUDA worker
         self.last_transport: ThreadTransport | None = None
         self._workers: WorkerPool | None = None  # started by the first step

@@ -9,6 +9,18 @@ For every action of the Schedule assigned to this worker:
     B(s, m):  backward(loss_m) on the last stage, else backward(y, recv(s, B, m))
               send(x.grad, s-1)
 
+A split backward (the schedule has I and W for (s, m) instead of B) runs the stage's
+layers one by one in F, keeping the output h_l of every layer with parameters:
+
+    I(s, m):  (checkpointed: re-run F now, with the random state of the first F)
+              gx, g_1 .. g_k = autograd.grad(y, [x, h_1 .. h_k], grad, retain_graph)
+              send(gx, s-1); keep (h_l, g_l)      -- no weight gradient formed yet
+    W(s, m):  for each kept (h_l, g_l): backward(h_l, g_l, inputs=params of layer l)
+              then the micro-batch's graph and activations go
+
+Layer l's parameters are reached from h_l only through layer l's own operations, so
+each W call forms exactly its layer's weight gradients, from the total gradient of h_l.
+
 Stage boundaries are detached, so each stage back-propagates on its own worker; the
 weighted micro-batch losses add up to the full batch's mean loss and the gradients
 accumulate to exactly the full batch's.  Skip connections crossing stages
@@ -39,7 +51,7 @@ from executor.recorder import Recorder
 from executor.skip import SkipTracker, arrive, use_tracker
 from executor.transport import PipelineAborted
 from pipesim.plan import Plan
-from pipesim.schedule import FORWARD, Action
+from pipesim.schedule import FORWARD, INPUT_GRAD, WEIGHT_GRAD, Action
 
 
 class ActionFailed(RuntimeError):
@@ -67,6 +79,9 @@ class StageRunner:
         self.skips_out = {st: [(n, b) for n, a, b in skips if a == st] for st in stages}
         self._skip_state: dict[tuple[int, int], dict] = {}
         self.losses: dict[int, float] = {}
+        # split backwards: (stage, micro-batch) -> what I needs, then what W needs
+        self._split: set[tuple[int, int]] = set()
+        self._split_state: dict[tuple[int, int], _SplitState] = {}
 
     def _locked(self):
         return self.rng_lock if self.rng_lock is not None else contextlib.nullcontext()
@@ -74,12 +89,20 @@ class StageRunner:
     def run(self, actions: tuple[Action, ...], inputs: list[torch.Tensor] | None,
             targets: list[torch.Tensor] | None) -> None:
         """Execute ``actions`` in order; any error becomes :class:`ActionFailed`."""
+        self._split = {(a.stage, a.microbatch) for a in actions if a.kind == INPUT_GRAD}
         for action in actions:
             try:
                 if self.fail_at is not None and str(action) == self.fail_at:
                     raise RuntimeError("injected failure")
-                if action.kind == FORWARD:
+                key = (action.stage, action.microbatch)
+                if action.kind == FORWARD and key in self._split:
+                    self.forward_split(action.stage, action.microbatch, inputs, targets)
+                elif action.kind == FORWARD:
                     self.forward(action.stage, action.microbatch, inputs, targets)
+                elif action.kind == INPUT_GRAD:
+                    self.input_grad(action.stage, action.microbatch, targets)
+                elif action.kind == WEIGHT_GRAD:
+                    self.weight_grad(action.stage, action.microbatch)
                 else:
                     self.backward(action.stage, action.microbatch)
             except PipelineAborted:
@@ -186,3 +209,115 @@ class StageRunner:
                 raise RuntimeError(f"stage {s} input got no gradient; does stage {s - 1}'s output "
                                    "feed it differentiably?")
             self.transport.send(x.grad, s - 1, "B", m, src_stage=s)
+
+    # ------------------------------------------------------------ split backward
+    def _layers_forward(self, s: int, m: int, x: torch.Tensor, targets) -> _SplitState:
+        """Run stage ``s`` layer by layer, keeping the outputs of layers with parameters."""
+        state = _SplitState(x)
+        h = x
+        for layer in self.stages[s]:
+            h = layer(h)
+            params = [p for p in layer.parameters() if p.requires_grad]
+            if params and h.requires_grad:
+                state.layer_outputs.append(h)
+                state.layer_params.append(params)
+        state.y = self.loss_fn(h, targets[m]) * loss_weight(self.plan, m) if s == self.last else h
+        return state
+
+    def forward_split(self, s: int, m: int, inputs, targets) -> None:
+        x = inputs[m] if s == 0 else self.transport.recv(s, "F", m).detach()
+        if s > 0 and x.is_floating_point():
+            x.requires_grad_(True)
+        ckpt = self.plan.checkpointed(m)
+        rec = self.recorder
+        rec.start(s, m, "F")
+        with self._locked():
+            if ckpt:  # keep the input and the random state; I re-runs the forward
+                rng = _rng_state(self.device)
+                with torch.no_grad():
+                    state = self._layers_forward(s, m, x, targets)
+                state.layer_outputs, state.layer_params, state.rng = [], [], rng
+            else:
+                state = self._layers_forward(s, m, x, targets)
+        rec.stop(s, m, "F")
+        y = state.y
+        assert y is not None
+        if s == self.last:
+            self.losses[m] = float(y.detach())
+        else:
+            self.transport.send(y.detach(), s + 1, "F", m, src_stage=s)
+        if ckpt:
+            state.y = None  # nothing of the graph is kept: the output went
+        self._split_state[(s, m)] = state
+
+    def input_grad(self, s: int, m: int, targets) -> None:
+        state = self._split_state[(s, m)]
+        grad = None if s == self.last else self.transport.recv(s, "B", m)
+        rec = self.recorder
+        rec.start(s, m, "I")
+        if state.rng is not None:  # checkpointed: the forward again, with the first masks
+            rec.start(s, m, "R")
+            with self._locked(), recomputing(True), _rng_restored(state.rng, self.device):
+                x = state.x.detach().requires_grad_(state.x.requires_grad)
+                state = self._split_state[(s, m)] = self._layers_forward(s, m, x, targets)
+            rec.stop(s, m, "R")
+        wanted = ([state.x] if s > 0 and state.x.requires_grad else []) + state.layer_outputs
+        y = state.y
+        assert y is not None
+        if wanted:
+            grads = torch.autograd.grad(y, wanted, grad, retain_graph=True, allow_unused=True)
+        else:
+            grads = ()
+        rec.stop(s, m, "I")
+        if s > 0:
+            if not grads or grads[0] is None:
+                raise RuntimeError(f"stage {s} input got no gradient; does stage {s - 1}'s output "
+                                   "feed it differentiably?")
+            self.transport.send(grads[0], s - 1, "B", m, src_stage=s)
+            grads = grads[1:]
+        state.output_grads = list(grads)
+        del y, grad
+
+    def weight_grad(self, s: int, m: int) -> None:
+        state = self._split_state.pop((s, m))
+        rec = self.recorder
+        rec.start(s, m, "W")
+        for h, g, params in zip(state.layer_outputs, state.output_grads, state.layer_params,
+                                strict=True):
+            if g is not None:
+                torch.autograd.backward(h, g, inputs=params)
+        rec.stop(s, m, "W")
+        state.clear()
+
+
+class _SplitState:
+    """One micro-batch of one stage between its F, I and W (see the module docstring)."""
+
+    def __init__(self, x: torch.Tensor):
+        self.x = x
+        self.y: torch.Tensor | None = None
+        self.layer_outputs: list[torch.Tensor] = []
+        self.layer_params: list[list[nn.Parameter]] = []
+        self.output_grads: list[torch.Tensor | None] = []
+        self.rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+    def clear(self) -> None:
+        self.y = None
+        self.layer_outputs, self.layer_params, self.output_grads = [], [], []
+
+
+def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The random state a forward starts from (CPU, and the device's when CUDA)."""
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return torch.get_rng_state(), cuda
+
+
+@contextlib.contextmanager
+def _rng_restored(state: tuple[torch.Tensor, torch.Tensor | None], device: torch.device):
+    """Run with the random state of ``state``, and give the current one back after."""
+    cpu, cuda = state
+    with torch.random.fork_rng(devices=[device] if cuda is not None else []):
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda, device)
+        yield
