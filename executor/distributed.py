@@ -76,7 +76,8 @@ def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
 
     Mirrors :class:`executor.stage.StageRunner`: a forward sends its output, then the skip
     tensors it stashes; a backward (or an input gradient, I) sends the popped skips'
-    gradients, then its input's gradient; a weight gradient (W) sends nothing.  Keys are ``(receiving stage, kind, micro-batch)``.  A transport without
+    gradients, then its input's gradient; a weight gradient (W) sends nothing.  Keys are
+    ``(receiving stage, kind, micro-batch)``.  A transport without
     tags (NCCL) receives in this order (see :class:`executor.transport.DistTransport`).
     """
     last = len(schedule.placement) - 1

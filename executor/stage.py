@@ -215,7 +215,9 @@ class StageRunner:
         """Run stage ``s`` layer by layer, keeping the outputs of layers with parameters."""
         state = _SplitState(x)
         h = x
-        for layer in self.stages[s]:
+        stage = self.stages[s]
+        assert isinstance(stage, nn.Sequential)  # split_module's stages
+        for layer in stage:
             h = layer(h)
             params = [p for p in layer.parameters() if p.requires_grad]
             if params and h.requires_grad:
@@ -264,10 +266,9 @@ class StageRunner:
         wanted = ([state.x] if s > 0 and state.x.requires_grad else []) + state.layer_outputs
         y = state.y
         assert y is not None
-        if wanted:
-            grads = torch.autograd.grad(y, wanted, grad, retain_graph=True, allow_unused=True)
-        else:
-            grads = ()
+        # y keeps its graph (retain_graph) for W; no weight gradient is formed here
+        grads = (torch.autograd.grad(y, wanted, grad, retain_graph=True, allow_unused=True)
+                 if wanted else ())
         rec.stop(s, m, "I")
         if s > 0:
             if not grads or grads[0] is None:
