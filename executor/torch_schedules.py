@@ -13,9 +13,13 @@ other -- so that pipesim simulates, tunes and executes what torch users run:
 Single-stage schedules are read the same way; where torch's own order is not a valid
 schedule (torch 2.13's ``Schedule1F1B.pipeline_order`` lists ``1F4`` and omits ``1F0`` on
 rank 1 of 2 for 4 micro-batches) pipesim's twin of the same name is used.  Schedules that
-split the backward into input and weight gradients (zero-bubble, DualPipeV) need actions
-pipesim does not model yet and are refused by name.  The other way round,
-:meth:`pipesim.schedule.Schedule.to_csv` writes torch's CSV layout.
+split the backward (``InterleavedZeroBubble``, ``ZBVZeroBubble``, ``DualPipeV``) are read
+with their ``I`` and ``W`` actions; the V-shaped ones place stage ``s`` as torch does
+(rank ``s`` going down, ``2n - 1 - s`` coming back).  DualPipeV's ``OVERLAP_F_B`` (a
+forward of one stage and a backward of another issued together, to hide communication)
+becomes its two actions one after the other: pipesim does not model that overlap.  The
+other way round, :meth:`pipesim.schedule.Schedule.to_csv` writes torch's CSV layout
+(``1F0``, ``1I0``, ``1W0``, ``1B0``), which ``_PipelineScheduleRuntime`` loads.
 """
 
 from __future__ import annotations
@@ -24,10 +28,23 @@ from types import SimpleNamespace
 
 from pipesim.errors import ScheduleError
 from pipesim.plan import Plan
-from pipesim.schedule import BACKWARD, FORWARD, Action, Schedule, build_schedule
+from pipesim.schedule import (
+    BACKWARD,
+    FORWARD,
+    INPUT_GRAD,
+    WEIGHT_GRAD,
+    Action,
+    Schedule,
+    build_schedule,
+)
 
 #: torch's single-stage schedules and pipesim's schedule of the same order
 _NATIVE = {"GPipe": "gpipe", "1F1B": "1f1b"}
+#: torch's schedules whose stages sit in a V (rank r holds stages r and 2n - 1 - r)
+_V_STYLE = ("ZBVZeroBubble", "DualPipeV")
+#: torch's actions that compute nothing pipesim models: communication (pipesim derives it
+#: from the schedule) and data-parallel sharding and reduction (outside one pipeline)
+_NOT_COMPUTE = ("SEND_F", "RECV_F", "SEND_B", "RECV_B", "UNSHARD", "RESHARD", "REDUCE_GRAD")
 
 
 def from_torch(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: int = 1,
@@ -49,28 +66,37 @@ def from_torch(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: in
     if not multi and stages_per_rank != 1:
         raise ScheduleError(f"{name} runs one stage a rank, not {stages_per_rank}")
     n_stages = n_ranks * stages_per_rank
+    if key in _V_STYLE and stages_per_rank != 2:
+        raise ScheduleError(f"torch's {name} refuses {n_ranks} ranks x {stages_per_rank} stages: "
+                            "it places 2 stages a rank, in a V")
+    # rank 0's stages (the order of every rank needs only their indices and the group)
+    mine = ([0, n_stages - 1] if key in _V_STYLE else range(0, n_stages, n_ranks))
     stages = [SimpleNamespace(stage_index=s, num_stages=n_stages, group_size=n_ranks,
                               group_rank=0, is_first=s == 0, is_last=s == n_stages - 1,
-                              stage_index_to_group_rank=None)
-              for s in range(0, n_stages, n_ranks)]
+                              stage_index_to_group_rank=None, submod=None)
+              for s in mine]
     try:
         torch_schedule = cls(stages if multi else stages[0], n_microbatches=n_microbatches)
-    except AttributeError as exc:
-        raise ScheduleError(f"{name} needs what pipesim's stand-in stages lack ({exc}): "
-                            "schedules that split the backward (input and weight gradients) "
-                            "are not modelled yet") from None
-    kinds = {_ComputationType.FORWARD: FORWARD, _ComputationType.FULL_BACKWARD: BACKWARD}
+    except (AttributeError, ValueError, AssertionError) as exc:
+        raise ScheduleError(f"torch's {name} refuses {n_ranks} ranks x {stages_per_rank} stages "
+                            f"x {n_microbatches} micro-batches: {exc}") from None
+    kinds = {_ComputationType.FORWARD: FORWARD, _ComputationType.FULL_BACKWARD: BACKWARD,
+             _ComputationType.BACKWARD_INPUT: INPUT_GRAD,
+             _ComputationType.BACKWARD_WEIGHT: WEIGHT_GRAD}
     order: list[list[Action]] = []
     for rank in range(n_ranks):
         actions = []
         for a in torch_schedule.pipeline_order.get(rank, []):
             if a is None:
                 continue  # an idle step
-            if a.computation_type in kinds:
-                actions.append(Action(a.stage_index, kinds[a.computation_type],
-                                      int(a.microbatch_index)))
-            elif a.computation_type.name in ("BACKWARD_INPUT", "BACKWARD_WEIGHT"):
-                raise ScheduleError(f"{name} splits the backward ({a}): not modelled yet")
+            for part in a.sub_actions or (a,):  # OVERLAP_F_B: its two, in order
+                if part.computation_type.name in _NOT_COMPUTE:
+                    continue
+                if part.computation_type not in kinds:
+                    raise ScheduleError(f"{name}: action {part} is not a computation pipesim "
+                                        "models")
+                actions.append(Action(part.stage_index, kinds[part.computation_type],
+                                      int(part.microbatch_index)))
         order.append(actions)
     try:
         return Schedule.from_order(order, name=f"torch:{key}", source=f"torch {name}")

@@ -377,7 +377,8 @@ def test_device_speedup_is_measured_within_its_bounds():
 
 
 @pytest.mark.parametrize(("name", "v"), [("Interleaved1F1B", 2), ("LoopedBFS", 2), ("GPipe", 1),
-                                         ("1F1B", 1)])
+                                         ("1F1B", 1), ("InterleavedZeroBubble", 2),
+                                         ("ZBVZeroBubble", 2), ("DualPipeV", 2)])
 def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
     from executor.torch_schedules import from_torch
     from pipesim.simulator import simulate
@@ -386,8 +387,10 @@ def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
     job = functools.partial(builtin_job, "mlp", 8, dtype="float64", **MLP)
     _, ref_grads = reference(job)
     schedule = from_torch(name, n_ranks=2, n_microbatches=4, stages_per_rank=v, batch_size=8)
+    assert schedule.splits_backward == (name in ("InterleavedZeroBubble", "ZBVZeroBubble",
+                                                 "DualPipeV"))
     plan = Plan([1] * 4 if v == 2 else [2, 2], 4, 8, checkpoint="except_last",
-                schedule="interleaved" if v == 2 else "gpipe", virtual_stages=v)
+                placement=schedule.placement)
     module, loss_fn, x, y = job()
     Pipeline(module, plan, loss_fn=loss_fn, schedule=schedule).run(x, y, iterations=1, warmup=0)
     assert_same_grads(module, ref_grads)
@@ -397,11 +400,11 @@ def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
     assert metrics(simulate(prof, plan, schedule=schedule)).iteration_time_s > 0
 
 
-def test_torch_schedules_that_split_the_backward_are_refused_by_name():
+def test_torch_schedules_refuse_what_torch_refuses():
     from executor.torch_schedules import from_torch
     from pipesim.errors import ScheduleError
 
-    with pytest.raises(ScheduleError, match=r"ZBVZeroBubble .*split the backward"):
-        from_torch("ZBVZeroBubble", n_ranks=2, n_microbatches=4, stages_per_rank=2)
+    with pytest.raises(ScheduleError, match=r"torch's ZBVZeroBubble refuses 2 ranks x 3 stages"):
+        from_torch("ZBVZeroBubble", n_ranks=2, n_microbatches=4, stages_per_rank=3)
     with pytest.raises(ScheduleError, match="torch has no schedule 'Nope'"):
         from_torch("Nope", n_ranks=2, n_microbatches=4)

@@ -123,14 +123,16 @@ def test_csv_bad_cell_names_row_and_column(tmp_path):
         Schedule.from_csv(path)
 
 
-def test_csv_is_readable_by_torch_pipelining(tmp_path):
+@pytest.mark.parametrize(("schedule", "v"), [("1f1b", 1), ("zbv", 2)])
+def test_csv_is_readable_by_torch_pipelining(tmp_path, schedule, v):
     torch_schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
-    s = build_schedule(Plan([1, 1], 3, 3, schedule="1f1b"))
+    s = build_schedule(Plan([1] * (2 * v), 3, 3, schedule=schedule, virtual_stages=v))
     import csv
 
     with s.to_csv(tmp_path / "s.csv").open() as f:
         rows = [[torch_schedules._Action.from_str(c) for c in row] for row in csv.reader(f)]
-    assert [str(a) for a in rows[1]] == [str(a) for a in s.order[1]]
+    for d in range(2):
+        assert [str(a) for a in rows[d]] == [str(a) for a in s.order[d]]
 
 
 def test_min_max_partition_is_optimal_and_block_is_close():
