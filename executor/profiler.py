@@ -29,6 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
+from executor import split_backward
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
 from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.skip import SkipTracker, check_skips, use_tracker
@@ -148,16 +149,36 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None =
     return row
 
 
+def _time_split(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+                target: torch.Tensor, grad: torch.Tensor | None, device: torch.device
+                ) -> dict[str, float]:
+    """The backward split as the executor splits it (:mod:`executor.split_backward`):
+    ``I`` to the input (keeping the graph), then ``W`` to the weights."""
+    params = [p for p in layer.parameters() if p.requires_grad]
+    y = layer(x)
+    out = loss_fn(y, target) if loss_fn is not None else y
+    inputs = [x] if x.requires_grad else []
+    i_watch, w_watch = Stopwatch(device), Stopwatch(device)
+    synchronize(device)
+    with i_watch.region():
+        _, work = split_backward.input_grad(out, grad, inputs, params)
+    with w_watch.region():
+        split_backward.weight_grad(work)
+    return {"bwd_input_s": i_watch.elapsed()[0], "bwd_weight_s": w_watch.elapsed()[0]}
+
+
 def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
                target: torch.Tensor, grads: list[torch.Tensor | None],
-               device: torch.device, checkpointed: bool) -> list[dict[str, float]]:
+               device: torch.device, checkpointed: bool, split: bool = False
+               ) -> list[dict[str, float]]:
     """One pass over all layers: each layer's forward then its backward, timed alone.
 
     The first layer's input is data (no gradient), as on a pipeline's first stage.
     Returns per layer the time columns of the profile: device seconds (``fwd_s``,
     ``bwd_s``), host seconds of the issuing calls (``host_*``) and, if ``checkpointed``,
     the same layer run inside ``torch.utils.checkpoint`` as the executor runs a
-    checkpointed stage (``ckpt_fwd_s``; ``ckpt_bwd_s`` recomputes, then back-propagates).
+    checkpointed stage (``ckpt_fwd_s``; ``ckpt_bwd_s`` recomputes, then back-propagates),
+    and, if ``split``, the backward's two halves (``bwd_input_s``, ``bwd_weight_s``).
     """
     times = []
     for i, layer in enumerate(layers):
@@ -188,9 +209,30 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
                 with cb.region():
                     _backward(out, grad)
                 row["ckpt_bwd_s"] = cb.elapsed()[0]
+        if split:
+            row.update(_time_split(layer, x, loss_fn if last else None, target, grad, device)
+                       if out.requires_grad else {"bwd_input_s": 0.0, "bwd_weight_s": 0.0})
         times.append(row)
         x = y
     return times
+
+
+def _time_whole_split(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
+                      target: torch.Tensor, device: torch.device) -> tuple[float]:
+    """Seconds of the whole model's split backward, I and W together (its input is data:
+    I only walks the graph, W does the rest); the per-layer splits summed exceed it by
+    the graph walks and calls a stage pays once."""
+    out = model(x.detach())
+    if loss_fn is not None:
+        out = loss_fn(out, target)
+    grad = None if loss_fn is not None else torch.randn_like(out)
+    watch = Stopwatch(device)
+    synchronize(device)
+    with watch.region():
+        _, work = split_backward.input_grad(out, grad, [], [p for p in model.parameters()
+                                                            if p.requires_grad])
+        split_backward.weight_grad(work)
+    return (watch.elapsed()[0],)
 
 
 def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
@@ -250,7 +292,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
-            checkpointed: bool = True, meta: dict | None = None) -> Profile:
+            checkpointed: bool = True, split: bool = True,
+            meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
     ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
@@ -262,8 +305,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     samples instead of inflating one layer's median.  ``checkpointed`` also times every
     layer inside ``torch.utils.checkpoint`` (the optional ``ckpt_*`` columns; about 1.6x
     the profiling time), since a checkpointed stage pays the checkpoint's hooks, which
-    launch-bound layers feel most.  Returns a :class:`pipesim.Profile`; ``meta`` adds to
-    its metadata.
+    launch-bound layers feel most.  ``split`` also times each backward's input and weight
+    halves (``bwd_input_s``, ``bwd_weight_s``) for the zero-bubble schedules.  Returns a
+    :class:`pipesim.Profile`; ``meta`` adds to its metadata.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -312,15 +356,19 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             samples: list[list[dict[str, float]]] = []
             whole: list[tuple[float, ...]] = []
             for p in range(warmup + repeats):
-                times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed)
+                times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed,
+                                   split)
                 w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device)
                 if checkpointed:
                     w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
+                if split:
+                    w += _time_whole_split(model, x0, loss_fn, target, device)
                 if p >= warmup:
                     samples.append(times)
                     whole.append(w)
                 bar.update(1)
-            keys = ("fwd_s", "bwd_s", "ckpt_fwd_s", "ckpt_bwd_s")[:len(whole[0])]
+            keys = ("fwd_s", "bwd_s") + (("ckpt_fwd_s", "ckpt_bwd_s") if checkpointed else ()) + (
+                ("split_s",) if split else ())
             whole_model[str(b)] = {k: statistics.median(t[i] for t in whole)
                                    for i, k in enumerate(keys)}
             for i, layer in enumerate(layers):

@@ -9,17 +9,12 @@ For every action of the Schedule assigned to this worker:
     B(s, m):  backward(loss_m) on the last stage, else backward(y, recv(s, B, m))
               send(x.grad, s-1)
 
-A split backward (the schedule has I and W for (s, m) instead of B) runs the stage's
-layers one by one in F, keeping the output h_l of every layer with parameters:
+A split backward (the schedule has I and W for (s, m) instead of B) cuts the stage's
+backward inside autograd's graph (:mod:`executor.split_backward`):
 
     I(s, m):  (checkpointed: re-run F now, with the random state of the first F)
-              gx, g_1 .. g_k = autograd.grad(y, [x, h_1 .. h_k], grad, retain_graph)
-              send(gx, s-1); keep (h_l, g_l)      -- no weight gradient formed yet
-    W(s, m):  for each kept (h_l, g_l): backward(h_l, g_l, inputs=params of layer l)
-              then the micro-batch's graph and activations go
-
-Layer l's parameters are reached from h_l only through layer l's own operations, so
-each W call forms exactly its layer's weight gradients, from the total gradient of h_l.
+              send(gradient of x, s-1), keeping the graph and the gradients W needs
+    W(s, m):  the weight gradients from those; then the micro-batch's graph goes
 
 Stage boundaries are detached, so each stage back-propagates on its own worker; the
 weighted micro-batch losses add up to the full batch's mean loss and the gradients
@@ -44,6 +39,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from executor import split_backward
 from executor.batchnorm import recomputing
 from executor.microbatch import loss_weight
 from executor.partition import has_dropout
@@ -211,45 +207,30 @@ class StageRunner:
             self.transport.send(x.grad, s - 1, "B", m, src_stage=s)
 
     # ------------------------------------------------------------ split backward
-    def _layers_forward(self, s: int, m: int, x: torch.Tensor, targets) -> _SplitState:
-        """Run stage ``s`` layer by layer, keeping the outputs of layers with parameters."""
-        state = _SplitState(x)
-        h = x
-        stage = self.stages[s]
-        assert isinstance(stage, nn.Sequential)  # split_module's stages
-        for layer in stage:
-            h = layer(h)
-            params = [p for p in layer.parameters() if p.requires_grad]
-            if params and h.requires_grad:
-                state.layer_outputs.append(h)
-                state.layer_params.append(params)
-        state.y = self.loss_fn(h, targets[m]) * loss_weight(self.plan, m) if s == self.last else h
-        return state
+    def _forward_graph(self, s: int, m: int, x: torch.Tensor, targets) -> torch.Tensor:
+        out = self.stages[s](x)
+        return self.loss_fn(out, targets[m]) * loss_weight(self.plan, m) if s == self.last else out
 
     def forward_split(self, s: int, m: int, inputs, targets) -> None:
         x = inputs[m] if s == 0 else self.transport.recv(s, "F", m).detach()
         if s > 0 and x.is_floating_point():
             x.requires_grad_(True)
         ckpt = self.plan.checkpointed(m)
+        state = _SplitState(x)
         rec = self.recorder
         rec.start(s, m, "F")
         with self._locked():
             if ckpt:  # keep the input and the random state; I re-runs the forward
-                rng = _rng_state(self.device)
+                state.rng = _rng_state(self.device)
                 with torch.no_grad():
-                    state = self._layers_forward(s, m, x, targets)
-                state.layer_outputs, state.layer_params, state.rng = [], [], rng
+                    y = self._forward_graph(s, m, x, targets)
             else:
-                state = self._layers_forward(s, m, x, targets)
+                y = state.y = self._forward_graph(s, m, x, targets)
         rec.stop(s, m, "F")
-        y = state.y
-        assert y is not None
         if s == self.last:
             self.losses[m] = float(y.detach())
         else:
             self.transport.send(y.detach(), s + 1, "F", m, src_stage=s)
-        if ckpt:
-            state.y = None  # nothing of the graph is kept: the output went
         self._split_state[(s, m)] = state
 
     def input_grad(self, s: int, m: int, targets) -> None:
@@ -260,35 +241,29 @@ class StageRunner:
         if state.rng is not None:  # checkpointed: the forward again, with the first masks
             rec.start(s, m, "R")
             with self._locked(), recomputing(True), _rng_restored(state.rng, self.device):
-                x = state.x.detach().requires_grad_(state.x.requires_grad)
-                state = self._split_state[(s, m)] = self._layers_forward(s, m, x, targets)
+                state.x = state.x.detach().requires_grad_(state.x.requires_grad)
+                state.y = self._forward_graph(s, m, state.x, targets)
             rec.stop(s, m, "R")
-        wanted = ([state.x] if s > 0 and state.x.requires_grad else []) + state.layer_outputs
         y = state.y
         assert y is not None
-        # y keeps its graph (retain_graph) for W; no weight gradient is formed here
-        grads = (torch.autograd.grad(y, wanted, grad, retain_graph=True, allow_unused=True)
-                 if wanted else ())
+        inputs = [state.x] if s > 0 and state.x.requires_grad else []
+        params = [p for p in self.stages[s].parameters() if p.requires_grad]
+        grads, state.work = split_backward.input_grad(y, grad, inputs, params)
         rec.stop(s, m, "I")
+        del y, grad
+        state.y = None  # the graph lives on in what W needs
         if s > 0:
             if not grads or grads[0] is None:
                 raise RuntimeError(f"stage {s} input got no gradient; does stage {s - 1}'s output "
                                    "feed it differentiably?")
             self.transport.send(grads[0], s - 1, "B", m, src_stage=s)
-            grads = grads[1:]
-        state.output_grads = list(grads)
-        del y, grad
 
     def weight_grad(self, s: int, m: int) -> None:
         state = self._split_state.pop((s, m))
         rec = self.recorder
         rec.start(s, m, "W")
-        for h, g, params in zip(state.layer_outputs, state.output_grads, state.layer_params,
-                                strict=True):
-            if g is not None:
-                torch.autograd.backward(h, g, inputs=params)
+        split_backward.weight_grad(state.work)
         rec.stop(s, m, "W")
-        state.clear()
 
 
 class _SplitState:
@@ -297,14 +272,8 @@ class _SplitState:
     def __init__(self, x: torch.Tensor):
         self.x = x
         self.y: torch.Tensor | None = None
-        self.layer_outputs: list[torch.Tensor] = []
-        self.layer_params: list[list[nn.Parameter]] = []
-        self.output_grads: list[torch.Tensor | None] = []
+        self.work = split_backward.WeightWork()
         self.rng: tuple[torch.Tensor, torch.Tensor | None] | None = None
-
-    def clear(self) -> None:
-        self.y = None
-        self.layer_outputs, self.layer_params, self.output_grads = [], [], []
 
 
 def _rng_state(device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -306,10 +306,15 @@ class Profile:
         weighted = cols["param_bytes"] > 0
         if "bwd_input_s" in cols and "bwd_weight_s" in cols:
             i_s, w_s = float(cols["bwd_input_s"].sum()), float(cols["bwd_weight_s"].sum())
+            split_excess = self.isolation_excess(micro_batch, extrapolate=extrapolate, split=True)
+            if split_excess is not None:  # as for fwd_s and bwd_s, at most half removed
+                i_s = max(i_s - share * split_excess[0], i_s / 2)
+                w_s = max(w_s - share * split_excess[1], w_s / 2)
+            scale = 1.0
         else:
             w_s = float(cols["bwd_s"][weighted].sum()) / 2
             i_s = bwd_layers - w_s
-        scale = bwd_s / bwd_layers if bwd_layers > 0 else 1.0  # the isolation correction
+            scale = bwd_s / bwd_layers if bwd_layers > 0 else 1.0  # the isolation correction
         pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
         return LayerCost(
             fwd_s=fwd_s,
@@ -335,12 +340,16 @@ class Profile:
         return stop == self.n_layers and bool(self.meta.get("loss_in_last_layer", False))
 
     def isolation_excess(self, micro_batch: float, *, extrapolate: bool = False,
-                         checkpointed: bool = False) -> tuple[float, float] | None:
+                         checkpointed: bool = False, split: bool = False
+                         ) -> tuple[float, float] | None:
         """Seconds by which the per-layer sums exceed the whole model (fwd, bwd), or None.
 
         Interpolated linearly between measured sizes, from ``meta["whole_model"]``.  With
         ``checkpointed``, the same for what the checkpoint adds (the ``ckpt_*`` columns
         less the plain ones, against ``whole_model[size]["ckpt_fwd_s"/"ckpt_bwd_s"]``).
+        With ``split``, the excess of the split backward (I, W): the layers' I + W summed
+        less the whole model's (``whole_model[size]["split_s"]``), shared between I and W
+        as their sums are (each layer's split pays its own graph walk; a stage one).
         """
         whole = self.meta.get("whole_model")
         if not whole:
@@ -352,7 +361,10 @@ class Profile:
                 "ckpt_fwd_s" in self.optional_columns
                 and all("ckpt_fwd_s" in whole[str(b)] for b in sizes)):
             return None
-        key = ("_excess", float(micro_batch), extrapolate, checkpointed)
+        if split and not ("bwd_input_s" in self.optional_columns
+                          and all("split_s" in whole[str(b)] for b in sizes)):
+            return None
+        key = ("_excess", float(micro_batch), extrapolate, checkpointed, split)
         cache = self.__dict__.setdefault("_at_cache", {})
         if key not in cache:
             lo, hi, w = self._weights(micro_batch, extrapolate)
@@ -367,6 +379,12 @@ class Profile:
                         for i, b in enumerate(sizes)]
                 ex_b = [ck_b[i] - (whole[str(b)]["ckpt_bwd_s"] - whole[str(b)]["fwd_s"]
                                    - whole[str(b)]["bwd_s"]) for i, b in enumerate(sizes)]
+            if split:
+                gi, gw = g["bwd_input_s"].sum(axis=0), g["bwd_weight_s"].sum(axis=0)
+                total = [gi[i] + gw[i] - whole[str(b)]["split_s"] for i, b in enumerate(sizes)]
+                ex_f = [t * gi[i] / (gi[i] + gw[i]) if gi[i] + gw[i] > 0 else 0.0
+                        for i, t in enumerate(total)]
+                ex_b = [t - e for t, e in zip(total, ex_f, strict=True)]
             if lo == hi:
                 scale = micro_batch / sizes[0]
                 cache[key] = (ex_f[0] * scale, ex_b[0] * scale)
