@@ -49,7 +49,7 @@ from executor.models import builtin_job
 from executor.partition import split_module
 from executor.profiler import profile
 from executor.torch_schedules import from_torch
-from experiments.common import RESULTS, machine, write_results
+from experiments.common import machine, write_results
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
@@ -57,8 +57,8 @@ from pipesim.schedule import Schedule, build_schedule
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 
-MODELS = {"mlp": dict(width=256, depth=7, in_features=256),
-          "gpt": dict(vocab=512, d_model=64, n_layers=6, n_heads=4, seq_len=32)}
+MODELS: dict[str, dict] = {"mlp": dict(width=256, depth=7, in_features=256),
+                           "gpt": dict(vocab=512, d_model=64, n_layers=6, n_heads=4, seq_len=32)}
 BATCH = 32
 #: (torch class or "pipesim:NAME", stages a rank)
 CASES = [("GPipe", 1), ("1F1B", 1), ("Interleaved1F1B", 2), ("InterleavedZeroBubble", 2),
