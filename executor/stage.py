@@ -47,7 +47,7 @@ from executor.recorder import Recorder
 from executor.skip import SkipTracker, arrive, use_tracker
 from executor.transport import PipelineAborted
 from pipesim.plan import Plan
-from pipesim.schedule import FORWARD, INPUT_GRAD, WEIGHT_GRAD, Action
+from pipesim.schedule import FORWARD, GRADIENT_KINDS, INPUT_GRAD, WEIGHT_GRAD, Action
 
 
 class ActionFailed(RuntimeError):
@@ -86,8 +86,10 @@ class StageRunner:
             targets: list[torch.Tensor] | None) -> None:
         """Execute ``actions`` in order; any error becomes :class:`ActionFailed`."""
         self._split = {(a.stage, a.microbatch) for a in actions if a.kind == INPUT_GRAD}
-        for action in actions:
+        for i, action in enumerate(actions):
             try:
+                if i + 1 < len(actions):  # the next action's input may land meanwhile
+                    self._prefetch(actions[i + 1])
                 if self.fail_at is not None and str(action) == self.fail_at:
                     raise RuntimeError("injected failure")
                 key = (action.stage, action.microbatch)
@@ -106,6 +108,13 @@ class StageRunner:
             except Exception as exc:
                 raise ActionFailed(f"worker {self.worker} failed at stage {action.stage} action "
                                    f"{action}: {type(exc).__name__}: {exc}") from exc
+
+    def _prefetch(self, action: Action) -> None:
+        s, kind, m = action
+        if kind == FORWARD and s > 0:
+            self.transport.prefetch(s, "F", m)
+        elif kind in GRADIENT_KINDS and s < self.last:
+            self.transport.prefetch(s, "B", m)
 
     def forward(self, s: int, m: int, inputs, targets) -> None:
         if s == 0:

@@ -1,11 +1,14 @@
 """Moving activations and gradients between stages.
 
-Both transports have the same two calls, so one stage runner drives either:
+Both transports have the same calls, so one stage runner drives either:
 
 * ``send(tensor, dst_stage, kind, mb)`` -- never blocks the sender's compute for long;
 * ``recv(stage, kind, mb)`` -- blocks until that input (``kind='F'``) or gradient
   (``kind='B'``) of ``stage`` arrived, raising :class:`PipelineAborted` if another worker
-  failed or :class:`TimeoutError` after ``timeout_s``: nothing waits forever.
+  failed or :class:`TimeoutError` after ``timeout_s``: nothing waits forever;
+* ``prefetch(stage, kind, mb)`` -- says a ``recv`` of that message comes next, so a
+  transport that can post the receive early does (its bytes then land while this
+  worker computes, instead of after it asked).
 
 :class:`ThreadTransport` hands tensors between worker threads of one process (CUDA: the
 copy runs on a side stream and the receiver's stream waits on an event);
@@ -111,6 +114,9 @@ class ThreadTransport:
                 ready.synchronize()
         return tensor
 
+    def prefetch(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> None:
+        """Nothing to post: a hand-over between threads is already there when sent."""
+
     def finish_iteration(self) -> None:
         with self._cond:
             leftover = sorted(self._box)
@@ -154,6 +160,7 @@ class DistTransport:
         self._shapes: dict[tuple[int, str, int], tuple[torch.dtype, tuple[int, ...]]] = {}
         self._pending: list[tuple[dist.Work, torch.Tensor]] = []
         self._local: dict[tuple[int, str, int], torch.Tensor] = {}  # stages on this rank
+        self._posted: dict[Key, tuple[dist.Work, torch.Tensor]] = {}  # receives posted early
         self.sent_bytes = 0
         # message log for measured transfer rows: ("post", key, src_stage, t, nbytes, src,
         # dst) at the sender, ("done", key, t) at the receiver; perf_counter seconds
@@ -216,8 +223,28 @@ class DistTransport:
             self._early[order[i]] = self._receive(src, order[i])
         return self._early.pop(key)
 
+    def prefetch(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> None:
+        """Post the receive of a message the next action needs (with tags, once its shape
+        is known: from the second iteration on), as torch's runtime posts its receives
+        ahead; the buffer then exists from now, not from the message's arrival."""
+        if not self.tags:
+            return  # received in send order (see recv): posting ahead could break it
+        src = self._peer(stage, kind, src_stage)
+        key = (stage, kind, mb)
+        if src == self.rank or key in self._posted or key not in self._shapes:
+            return
+        dtype, shape = self._shapes[key]
+        buf = torch.empty(shape, dtype=dtype, device=self.device)
+        self._posted[key] = (_work(dist.irecv(buf, src, tag=self._tag(*key))), buf)
+
     def _receive(self, src: int, key: Key) -> torch.Tensor:
         tag = self._tag(*key)
+        posted = self._posted.pop(key, None)
+        if posted is not None:
+            work, buf = posted
+            self._wait(work, key)
+            self.log.append(("done", key, time.perf_counter()))
+            return buf
         if key not in self._shapes:
             header = torch.zeros(_HEADER, dtype=torch.int64, device=self.device)
             self._wait(_work(dist.irecv(header, src, tag=tag)), key)
@@ -243,6 +270,9 @@ class DistTransport:
             work.wait(self.timeout)
         self._pending.clear()
         self._next.clear()
+        if self._posted:
+            raise RuntimeError(f"rank {self.rank}: receives posted but never used: "
+                               f"{sorted(self._posted)[:5]}")
         if self._early:
             raise RuntimeError(f"rank {self.rank}: messages received but never used: "
                                f"{sorted(self._early)[:5]}")

@@ -17,7 +17,7 @@ from typing import NoReturn
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.errors import PipesimError
-from pipesim.plan import CHECKPOINT_MODES, Plan
+from pipesim.plan import CHECKPOINT_MODES, V_SCHEDULES, Plan
 from pipesim.profile import Profile
 from pipesim.schedule import SCHEDULES
 from pipesim.units import format_bytes, parse_bytes
@@ -115,9 +115,11 @@ def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default="except_last", choices=CHECKPOINT_MODES,
                    help="which micro-batches recompute their forward (default except_last)")
     p.add_argument("--schedule", default="gpipe", choices=sorted(SCHEDULES),
-                   help="default gpipe")
-    p.add_argument("--virtual-stages", type=positive_int, default=1,
-                   help="stages per device for the interleaved schedule (default 1)")
+                   help="default gpipe; zb-h1, zb-h2 and zbv split each backward into input "
+                   "and weight gradients (zero bubble)")
+    p.add_argument("--virtual-stages", type=positive_int, default=None,
+                   help="stages per device: for interleaved (default 1); zbv always has 2 "
+                   "(--stages counts them all)")
     p.add_argument("--optimizer", default="sgd",
                    help="optimizer state held beside the parameters: sgd (none; what `pipesim run` "
                    "holds, the default), momentum, adam")
@@ -135,7 +137,8 @@ def plan_from_args(args: argparse.Namespace, profile: Profile | None) -> Plan:
         raise UserError("--balance is required without a profile")
     plan = Plan(balance=balance, chunks=args.chunks, batch_size=args.batch_size,
                 checkpoint=args.checkpoint, schedule=args.schedule,
-                virtual_stages=args.virtual_stages, optimizer=args.optimizer)
+                virtual_stages=args.virtual_stages or (2 if args.schedule in V_SCHEDULES else 1),
+                optimizer=args.optimizer)
     if profile is not None:
         plan.check_layers(profile.n_layers)
     return plan
@@ -228,7 +231,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise UserError(str(exc)) from None
     chunks = parse_ints(args.chunks, "--chunks") if args.chunks else None
     result = tune(profile, args.devices, args.batch_size, budget, cluster=cluster, chunks=chunks,
-                  schedules=args.schedules.split(","), method=args.method,
+                  schedules=(list(SCHEDULES) if args.schedules == "all"
+                             else args.schedules.split(",")), method=args.method,
                   optimizer=args.optimizer, progress=sys.stderr.isatty(),
                   margin=args.memory_margin)
     out = Path(args.out)
@@ -261,7 +265,8 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
                    "(default 0.10: the prediction's measured under-estimates)")
     p.add_argument("--chunks", help="candidates, e.g. 1,2,4,8 (default: powers of two in range)")
     p.add_argument("--schedules", default="gpipe,1f1b",
-                   help=f"comma-separated, of {', '.join(sorted(SCHEDULES))} (default gpipe,1f1b)")
+                   help=f"comma-separated, of {', '.join(sorted(SCHEDULES))} or all (default "
+                   "gpipe,1f1b)")
     p.add_argument("--method", default="minmax", choices=["minmax", "block"],
                    help="balance: exact min-max partition, or torchgpipe-style blocks")
     p.add_argument("--optimizer", default="sgd", help="optimizer state: sgd (default), momentum, adam")

@@ -26,8 +26,9 @@ from tqdm.auto import tqdm
 from pipesim.balance import block_partition, min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.errors import PlanError
-from pipesim.plan import CHECKPOINT_MODES, Plan
+from pipesim.plan import CHECKPOINT_MODES, V_SCHEDULES, Plan
 from pipesim.profile import Profile
+from pipesim.schedule import SCHEDULES
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 
@@ -82,9 +83,10 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
 
     ``chunks`` defaults to powers of two up to the batch size whose micro-batches fall in
     the profiled range.  ``method='block'`` balances by torchgpipe-style greedy blocks
-    instead of the exact partition (for comparison).  The ``interleaved`` schedule is
-    tried with each of ``virtual_stages`` stages a device (where the layers and the
-    micro-batches allow).  A plan fits when its predicted peak on every device, plus
+    instead of the exact partition (for comparison).  ``schedules`` may name any of
+    :data:`pipesim.schedule.SCHEDULES`; ``interleaved`` is tried with each of
+    ``virtual_stages`` stages a device (where the layers and the micro-batches allow),
+    ``zbv`` with its two.  A plan fits when its predicted peak on every device, plus
     ``margin`` of it, is within both the budget and that device's ``memory_bytes``: the
     default 10% covers all but 6 of the 252 device peaks of the CPU memory grid
     (``experiments/validate_memory.py``; the worst, -15%, is U-Net's first stage
@@ -109,9 +111,13 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     limit: dict[str, float] = {}
     for d in cluster.devices[:n_devices]:
         limit[d.resource] = min(limit.get(d.resource, math.inf), memory_budget, d.memory_bytes)
-    shapes = [(s, 1) for s in schedules if s != "interleaved"]
-    if "interleaved" in schedules:
-        shapes += [("interleaved", v) for v in virtual_stages if n_devices * v <= profile.n_layers]
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        raise PlanError(f"unknown schedule(s) {unknown}; choose of {', '.join(SCHEDULES)}")
+    # stages a device: interleaved tries each of virtual_stages, a V always has two
+    stacked = {"interleaved": tuple(virtual_stages), **{s: (2,) for s in V_SCHEDULES}}
+    shapes = [(s, v) for s in schedules for v in stacked.get(s, (1,))
+              if n_devices * v <= profile.n_layers]
     rows, seen = [], set()
     bar = tqdm(total=len(chunks) * len(checkpoints) * len(shapes), desc="tuning", unit="shape",
                disable=not progress, leave=False)
@@ -120,7 +126,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
         for ckpt in checkpoints:
             for schedule, v in shapes:
                 bar.update(1)
-                if v > 1 and c % n_devices:
+                if schedule == "interleaved" and c % n_devices:
                     continue  # interleaving needs micro-batches in multiples of the devices
                 base = stage_balance(profile, n_devices * v, size, ckpt, cluster, method)
                 for balance in (_neighbours(base) if refine else [base]):

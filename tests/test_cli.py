@@ -48,6 +48,18 @@ def test_simulate_writes_pictures_and_traces(profile_path, tmp_path, capsys):
     assert any(e["name"] == "1F0" for e in chrome["traceEvents"])
 
 
+def test_simulate_and_tune_every_schedule(profile_path, tmp_path, capsys):
+    assert main(["simulate", str(profile_path), "--stages", "4", "--chunks", "4",
+                 "--batch-size", "8", "--schedule", "zbv", "--out", str(tmp_path / "zbv")]) == 0
+    actions = (tmp_path / "zbv" / "simulated_actions.csv").read_text()
+    assert ",I," in actions and ",W," in actions
+    assert main(["tune", str(profile_path), "--batch-size", "16", "--schedules", "all",
+                 "--out", str(tmp_path / "t")]) == 0
+    table = (tmp_path / "t" / "tune.csv").read_text()
+    for name in ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2", "zbv"):
+        assert f",{name}," in table, name
+
+
 def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     assert main(["tune", str(profile_path), "--devices", "2", "--batch-size", "16",
                  "--memory-budget", "1GiB", "--out", str(tmp_path / "t")]) == 0

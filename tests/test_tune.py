@@ -56,3 +56,28 @@ def test_impossible_budget_names_the_smallest_peak():
     with pytest.raises(PlanError, match="smallest peak any plan needs"):
         tune(prof, 2, 16, 10.0)
     assert Plan([1, 1], 2, 2).optimizer == "sgd"  # the default both sides share
+
+
+def test_every_schedule_is_tuned_and_zero_bubble_wins_when_it_fits():
+    prof = uniform_profile(8, sizes=(1, 16))
+    result = tune(prof, 2, 16, 1e12, schedules=("gpipe", "1f1b", "zb-h1", "zb-h2", "zbv"),
+                  chunks=[4, 8], checkpoints=("never",), refine=False)
+    assert set(result.table.schedule) == {"gpipe", "1f1b", "zb-h1", "zb-h2", "zbv"}
+    assert result.table.loc[result.table.schedule == "zbv", "virtual_stages"].eq(2).all()
+    assert result.best.schedule in ("zb-h2", "zbv")  # the smallest bubble on equal F, I, W
+    with pytest.raises(PlanError, match=r"unknown schedule\(s\) \['zb'\]"):
+        tune(prof, 2, 16, 1e12, schedules=("zb",))
+
+
+def test_a_budget_near_1f1b_memory_rules_out_zb_h2():
+    """ZB-H1 holds 1F1B's activations plus the output gradients kept from I to W."""
+    prof = uniform_profile(8, sizes=(1, 16))
+    kinds = ("1f1b", "zb-h1", "zb-h2")
+    table = tune(prof, 2, 16, 1e12, schedules=kinds, chunks=[8], checkpoints=("never",),
+                 refine=False).table
+    peak = table.set_index("schedule").peak_bytes
+    assert peak["1f1b"] < peak["zb-h1"] < 1.1 * peak["1f1b"] < peak["zb-h2"]
+    budget = peak["zb-h1"] * 1.1 + 1  # fits ZB-H1 with the margin, not ZB-H2
+    best = tune(prof, 2, 16, budget, schedules=kinds, chunks=[8], checkpoints=("never",),
+                refine=False).best
+    assert best.schedule == "zb-h1"
