@@ -171,7 +171,8 @@ def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes")
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
                    host_contention=contention["host_contention"],
-                   sender_keeps_sends=True,  # the gloo transport (executor.transport)
+                   # the gloo transport (executor.transport): sends kept, receives posted ahead
+                   sender_keeps_sends=True, receives_ahead=True,
                    name=name)
 
 

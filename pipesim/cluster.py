@@ -82,6 +82,10 @@ class Cluster:
     #: complete only when it is waited for, which pipesim's process transport does at the
     #: end of the step
     sender_keeps_sends: bool = False
+    #: a worker posts the receive of an action's input (or gradient) as it moves to the
+    #: action before it, so the receive buffer exists from then, not from the bytes'
+    #: arrival: pipesim's gloo transport (executor.transport.DistTransport.prefetch)
+    receives_ahead: bool = False
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -125,7 +129,7 @@ class Cluster:
         return cls([Device(f"cpu{i}", memory_bytes=memory_bytes, host="localhost")
                     for i in range(n)],
                    link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
-                   sender_keeps_sends=True, name="cpu_processes")
+                   sender_keeps_sends=True, receives_ahead=True, name="cpu_processes")
 
     @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
@@ -172,6 +176,7 @@ class Cluster:
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),
                        sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),
+                       receives_ahead=bool(d.get("receives_ahead", False)),
                        name=d.get("name", "cluster"))
         except ClusterError as exc:
             raise ClusterError(f"{source}: {exc}") from None

@@ -85,6 +85,7 @@ class _Step(NamedTuple):
     send: _Send | None
     extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
     release: float = 0.0  # bytes freed progressively while it runs (see RELEASE_STEPS)
+    recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
 
 
 #: a backward frees its stage's saved (or recomputed) activations as it walks back through
@@ -169,10 +170,12 @@ class _Run:
             self.held.append((send.src_device, send.nbytes))
         elif send.dst_device and self.sim.track_memory and send.kind == "SEND_B":
             self.deltas.append((send.src_device, end, -send.nbytes))
-        if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB":
+        posted = self.sim.cluster.receives_ahead and send.kind in ("SEND_F", "SEND_B")
+        if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB" and not posted:
             # The one memory rule of a transfer, whatever the link (a free link is an
             # instant transfer, not a hand-over): the receiver holds a buffer from the
-            # arrival on; a gradient's buffer on the sender goes free at the same moment
+            # arrival on -- or from when it posted the receive (Cluster.receives_ahead; see
+            # worker) --; a gradient's buffer on the sender goes free at the same moment
             # (or at the step's end, above).  A skip's gradient is consumed at once.
             self.deltas.append((send.dst_device, end, send.nbytes))
         self._arrive(index, end)
@@ -192,7 +195,13 @@ class _Run:
         name = f"dev{w}"
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
+        ahead = track and sim.cluster.receives_ahead
+        reached = previous = 0.0  # when the worker moved to this step, and to the one before
         for mb, step in sim.programs[w]:
+            previous, reached = reached, env.now
+            if ahead and step.recv_bytes:
+                # its receive was posted as the worker moved to the step before this one
+                deltas.append((device, previous, step.recv_bytes))
             for base in step.waits:
                 index = base + 2 * mb
                 slot = slots[index]
@@ -374,8 +383,9 @@ class Simulator:
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
             # transients are held while the forward runs; what it keeps stays at its end
             t = c.fwd_transient_bytes
+            recv = boundary if s > 0 and self._crosses(s - 1, device) else 0.0
             return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, t,
-                         c.keep_bytes - t, send)
+                         c.keep_bytes - t, send, recv_bytes=recv)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -390,11 +400,10 @@ class Simulator:
         # as the backward walks back -- but not an output sent to another device whose
         # sender keeps its sends to the step's end.
         release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
-        if self.cluster.sender_keeps_sends and s < n - 1 and \
-                self.resource_of[self.placement[s + 1]] != device:
+        if self.cluster.sender_keeps_sends and s < n - 1 and self._crosses(s + 1, device):
             release -= c.output_bytes
         freed = loss_grad + transient
-        if s > 0 and self.resource_of[self.placement[s - 1]] != device:
+        if s > 0 and self._crosses(s - 1, device):
             freed += boundary
         if s < n - 1:
             freed += c.output_bytes
@@ -419,8 +428,13 @@ class Simulator:
             alloc_start, alloc_end = gradient_start + grads + transient, -freed
         if measured is not None:
             seconds, recompute = measured, min(recompute, measured)
+        recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
-                     release=release)
+                     release=release, recv_bytes=recv)
+
+    def _crosses(self, stage: int, device: str) -> bool:
+        """Whether ``stage`` runs on another physical device than ``device``."""
+        return self.resource_of[self.placement[stage]] != device
 
     def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
         """Add the skip connections that start or end at this step's stage.

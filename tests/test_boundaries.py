@@ -20,3 +20,4 @@ def test_pipesim_sources_never_mention_executor_or_torch_imports():
         text = path.read_text()
         assert "import torch" not in text and "from torch" not in text, path
         assert "from executor" not in text and "import executor" not in text, path
+

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -419,3 +421,26 @@ def test_skip_memory_balances_on_every_link(keeps, schedule, ckpt):
     for link in (Link(0.0, 1e30), Link(1e-4, 1e8)):
         cluster = Cluster([Device("d0"), Device("d1")], link=link, sender_keeps_sends=keeps)
         _assert_memory_balances(prof, plan, cluster, abs_tol=1e-3)
+
+
+def test_receives_posted_ahead_hold_their_buffer_from_the_step_before():
+    """pipesim's gloo transport posts a receive as the worker moves to the action before
+    the one that needs it: the buffer is held from then (Cluster.receives_ahead)."""
+    prof = uniform_profile(2, fwd_s=1.0, bwd_s=2.0, act_bytes=100, saved_bytes=300,
+                           param_bytes=0)
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    base = Cluster.free(2)
+    ahead = dataclasses.replace(base, receives_ahead=True)
+
+    def level(cluster, device, t):
+        mem = simulate(prof, plan, cluster).memory
+        part = mem[(mem.device == device) & (mem.time <= t)]
+        return part.bytes.iloc[-1] if len(part) else 0.0
+
+    # device 1 reaches F(1,0) at 0 and posts F(1,1)'s receive (F(1,0)'s own at 0 too)
+    assert level(base, "dev1", 0.5) == 0
+    assert level(ahead, "dev1", 0.5) == 200
+    for cluster in (base, ahead):  # everything allocated is freed by the step's end
+        mem = simulate(prof, plan, cluster).memory
+        assert (mem.bytes >= 0).all()
+        assert mem.groupby("device").bytes.last().eq(0).all()
