@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import statistics
 import time
 from datetime import timedelta
@@ -159,18 +160,26 @@ def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
             "between_actions_median_s": float(np.median(gaps)) if gaps else 0.0}
 
 
-def calibrate_cpu(n_devices: int = 2, *, name: str = "calibrated_cpu_processes") -> Cluster:
-    """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s)."""
+def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
+                  name: str = "calibrated_cpu_processes") -> Cluster:
+    """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s).
+
+    The host runs ``cores // threads_per_rank`` ranks' compute at once (``host_cores``);
+    the contention between ranks is measured with no more ranks than that, so that it
+    says what sharing memory, caches and communication threads costs, and the time
+    slicing of more ranks than cores is the host law's (:func:`pipesim.contention.host_law`).
+    """
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
-    # as many ranks as the run has, in a ring; the median of three: one measurement on a
-    # shared machine varies by a factor of 3
-    trials = sorted((measure_contention(max(n_devices, 2)) for _ in range(3)),
+    slots = max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
+    # as many ranks as the run has (up to the slots), in a ring; the median of three: one
+    # measurement on a shared machine varies by a factor of 3
+    trials = sorted((measure_contention(max(min(n_devices, slots), 2)) for _ in range(3)),
                     key=lambda c: c["host_contention"])
     contention = trials[1]
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
-                   host_contention=contention["host_contention"],
+                   host_contention=contention["host_contention"], host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted ahead
                    sender_keeps_sends=True, receives_ahead=True,
                    name=name)

@@ -18,7 +18,8 @@ Prints predicted vs measured step time per case, the median |error| for torch's 
 and pipesim's executor, and the ratio of pipesim's executor to torch's runtime.
 
     python experiments/validate_torch_runtime.py [--ranks 2,4] [--models mlp,gpt] [--quick]
-Writes experiments/results/validate_torch_runtime.csv/.json, rows written as they come.
+Writes experiments/results/validate_torch_runtime.csv/.json, rows written as they come,
+and each profile under experiments/results/validate_torch_runtime/ (to re-predict).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from executor.models import builtin_job
 from executor.partition import split_module
 from executor.profiler import profile
 from executor.torch_schedules import from_torch
-from experiments.common import machine, write_results
+from experiments.common import RESULTS, machine, write_results
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
@@ -236,6 +237,7 @@ def main() -> None:
             module, loss_fn, x, y = job()
             prof = profile(module, (x, y), sorted({BATCH // m, BATCH // 2, BATCH}),
                            loss_fn=loss_fn, repeats=5, progress=False, meta={"model": name})
+            prof.save(RESULTS / "validate_torch_runtime" / f"profile_{world}ranks_{name}.csv")
             runs, plans = [], []
             for case, v in CASES:
                 n_stages = world * v
@@ -259,12 +261,19 @@ def main() -> None:
                                               track_memory=False)).iteration_time_s
                 pred_ours = metrics(simulate(prof, plan, base, schedule=schedule,
                                              track_memory=False)).iteration_time_s
+                # ablation: no limit on the ranks computing at once (no time slicing)
+                unsliced = {label: 1e3 * metrics(simulate(
+                    prof, plan, dataclasses.replace(c, host_cores=0), schedule=schedule,
+                    track_memory=False)).iteration_time_s
+                    for label, c in (("torch", torch_cluster), ("pipesim", base))}
                 ours_s = metrics(result.trace).iteration_time_s
                 row = {"model": name, "ranks": world, "schedule": case,
                        "balance": ",".join(map(str, balance)), "microbatches": m,
                        "torch_measured_ms": t_step * 1e3 if isinstance(t_step, float) else None,
                        "torch_predicted_ms": pred_torch * 1e3,
                        "pipesim_measured_ms": ours_s * 1e3, "pipesim_predicted_ms": pred_ours * 1e3,
+                       "torch_predicted_ms_no_core_limit": unsliced["torch"],
+                       "pipesim_predicted_ms_no_core_limit": unsliced["pipesim"],
                        "torch_error": None if isinstance(t_step, float) else t_step[:300]}
                 if isinstance(t_step, float):
                     row["torch_error_pct"] = 100 * (pred_torch / t_step - 1)
@@ -285,6 +294,18 @@ def main() -> None:
         "pipesim_max_abs_error_pct": float(table.pipesim_error_pct.abs().max()),
         "pipesim_over_torch_median": float(ok.pipesim_over_torch.median()),
     }
+    for who in ("torch", "pipesim"):
+        measured = ok[f"{who}_measured_ms"]
+        err = (100 * (ok[f"{who}_predicted_ms_no_core_limit"] / measured - 1)).abs()
+        summary[f"{who}_no_core_limit"] = {"median_abs_error_pct": float(err.median()),
+                                           "max_abs_error_pct": float(err.max())}
+    per = {}
+    for (world, name), part in ok.groupby(["ranks", "model"]):
+        per[f"{world} ranks {name}"] = {
+            "torch_median_abs_error_pct": float(part.torch_error_pct.abs().median()),
+            "pipesim_median_abs_error_pct": float(part.pipesim_error_pct.abs().median()),
+            "pipesim_over_torch_median": float(part.pipesim_over_torch.median())}
+    summary["per_ranks_and_model"] = per
     meta["summary"] = summary
     path = write_results("validate_torch_runtime", table, meta)
     print(json.dumps(summary, indent=2))

@@ -69,6 +69,10 @@ class Cluster:
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
     host_contention: float = 0.0
+    #: compute actions a host runs at once (its cores over the threads a worker uses);
+    #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
+    #: limit
+    host_cores: int = 0
     #: how workers sharing one physical device use it: ``"serial"`` (their actions take
     #: turns: CPU threads of one process, a GPU driven from one stream) or
     #: ``"concurrent"`` (each worker's stream runs its kernels alongside the others', as
@@ -95,6 +99,7 @@ class Cluster:
                         ("transfer_overhead_s", self.transfer_overhead_s),
                         ("action_gap_s", self.action_gap_s),
                         ("host_contention", self.host_contention),
+                        ("host_cores", self.host_cores),
                         ("link latency_s", self.link.latency_s)):
             if v < 0 or math.isnan(v):
                 raise ClusterError(f"{what} must be non-negative, got {v}")
@@ -173,6 +178,7 @@ class Cluster:
                        transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
                        action_gap_s=float(d.get("action_gap_s", 0.0)),
                        host_contention=float(d.get("host_contention", 0.0)),
+                       host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),
                        sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),

@@ -32,13 +32,21 @@ import simpy
 RateLaw = Callable[[int], float]
 
 
-def host_law(contention: float) -> RateLaw:
-    """Each of ``k`` actions on one host runs at ``1 / (1 + contention * (k - 1))``.
+def host_law(contention: float, cores: int = 0) -> RateLaw:
+    """Each of ``k`` actions on one host runs at ``1 / (1 + contention * (j - 1))`` times
+    ``j / k``, where ``j = min(k, cores)`` actions hold a core at a time.
 
     ``contention`` is what one more busy neighbour costs (0.05: 5% slower), measured by
-    ``executor.calibrate`` with processes computing alone and together.
+    ``executor.calibrate`` with processes computing alone and together, no more of them
+    than there are cores.  ``cores`` (0: as many as there are actions) is how many actions
+    the host runs at once -- its cores over the threads each action uses: beyond that the
+    operating system time-slices them, and each gets its share of the cores.
     """
-    return lambda k: 1.0 / (1.0 + contention * (k - 1))
+    def rate(k: int) -> float:
+        j = min(k, cores) if cores else k
+        return (j / k) / (1.0 + contention * (j - 1))
+
+    return rate
 
 
 def device_law(speedup: Sequence[float]) -> RateLaw:

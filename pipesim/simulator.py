@@ -130,7 +130,8 @@ class _Run:
                         if sim.device_law is None}
         self.streams = ({r: ProcessorSharing(self.env, sim.device_law) for r in sim.shared_resources}
                         if sim.device_law is not None else {})
-        self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention))
+        self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention,
+                                                             sim.cluster.host_cores))
                       for h in sim.shared_hosts}
 
     def _arrive(self, index: int, at: float) -> None:
@@ -340,7 +341,7 @@ class Simulator:
             if self.cluster.devices[w].host:
                 hosts[self.cluster.devices[w].host].add(self.resource_of[w])
         self.shared_hosts = ([h for h, devs in hosts.items() if len(devs) > 1]
-                             if self.cluster.host_contention else [])
+                             if self.cluster.host_contention or self.cluster.host_cores else [])
         factor = 1 + plan.optimizer_state_factor
         self.static_bytes: dict[str, float] = defaultdict(float)
         for s in range(n):

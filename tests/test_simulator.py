@@ -444,3 +444,19 @@ def test_receives_posted_ahead_hold_their_buffer_from_the_step_before():
         mem = simulate(prof, plan, cluster).memory
         assert (mem.bytes >= 0).all()
         assert mem.groupby("device").bytes.last().eq(0).all()
+
+
+def test_more_busy_workers_than_cores_share_them():
+    """4 single-threaded ranks on 2 cores: all computing, each runs at half speed."""
+    from pipesim.contention import host_law
+
+    assert host_law(0.0, cores=2)(4) == pytest.approx(0.5)
+    assert host_law(0.1, cores=2)(2) == pytest.approx(1 / 1.1)
+    assert host_law(0.1)(4) == pytest.approx(1 / 1.3)
+    prof = uniform_profile(4, fwd_s=1.0, bwd_s=2.0)
+    plan = Plan([1] * 4, 32, 32, checkpoint="never")
+    devices = [Device(f"r{i}", host="h") for i in range(4)]
+    free = metrics(simulate(prof, plan, Cluster(devices))).iteration_time_s
+    sliced = metrics(simulate(prof, plan, Cluster(devices, host_cores=2))).iteration_time_s
+    assert 1.6 < sliced / free <= 2.0
+    assert Cluster.from_dict(Cluster(devices, host_cores=2).to_dict()).host_cores == 2
