@@ -286,7 +286,7 @@ def main() -> None:
                 write_results("validate_torch_runtime", pd.DataFrame(rows), meta)
     table = pd.DataFrame(rows)
     ok = table.dropna(subset=["torch_measured_ms"])
-    summary = {
+    summary: dict[str, object] = {
         "cases": len(table), "torch_runs_failed": int(table.torch_measured_ms.isna().sum()),
         "torch_median_abs_error_pct": float(ok.torch_error_pct.abs().median()),
         "torch_max_abs_error_pct": float(ok.torch_error_pct.abs().max()),
