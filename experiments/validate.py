@@ -60,11 +60,15 @@ def main() -> None:
     ap.add_argument("--pin", action="store_true", help="pin each rank to its own cores")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
+    ap.add_argument("--schedules", default="gpipe,1f1b",
+                    help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
+    ap.add_argument("--tag", default="", help="suffix of the results' names")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = RESULTS / args.subdir if args.subdir else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     tag = f"cpu_{args.stages}stages" if args.stages != 2 or args.subdir else "cpu"
+    tag += f"_{args.tag}" if args.tag else ""
     print("calibrating ...", flush=True)
     cluster = calibrate_cpu(args.stages)
     cluster.save(results / f"calibration_{tag}.json")
@@ -86,7 +90,8 @@ def main() -> None:
         prof.save(results / f"profile_{tag}_{name}.csv")
         plans = grid(prof, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
-                     ("never", "except_last", "always"))
+                     ("never", "except_last", "always"),
+                     schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
 
         def measure(ps, job=job):

@@ -91,7 +91,8 @@ def _torch_schedule(case: str, stages: list, m: int, loss_fn, schedule: Schedule
         runtime.stage_index_to_group_rank = mapping
         for st in stages:
             st.stage_index_to_group_rank = mapping
-        path = Path(csv_dir) / f"{case.replace(':', '_')}.csv"
+        # one file a rank: every rank writes and reads its own copy, none reads half a file
+        path = Path(csv_dir) / f"{case.replace(':', '_')}_rank{stages[0].group_rank}.csv"
         runtime._load_csv(str(schedule.to_csv(path)))
         return runtime
     cls = get_schedule_class(case)

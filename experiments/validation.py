@@ -16,7 +16,7 @@ import pandas as pd
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.compare import compare
-from pipesim.plan import Plan
+from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
 from pipesim.trace import Trace, metrics
@@ -33,15 +33,26 @@ def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
     no optimizer state, so that is what its memory is compared with.
     """
     size = max(1, batch // 4)
-    balanced = min_max_partition(profile.layer_times(size), n_stages)
-    balances = [balanced]
-    if skew:
-        skewed = [1] * (n_stages - 1) + [profile.n_layers - n_stages + 1]
-        if skewed == balanced:
-            skewed = [profile.n_layers - n_stages + 1] + [1] * (n_stages - 1)
-        balances.append(skewed)
-    return [Plan(b, c, batch, checkpoint=k, schedule=s, optimizer="sgd") for b in balances
-            for c in chunks if c <= batch for k in checkpoints for s in schedules]
+
+    def balances(stages: int) -> list[list[int]]:
+        balanced = min_max_partition(profile.layer_times(size), stages)
+        out = [balanced]
+        if skew:
+            skewed = [1] * (stages - 1) + [profile.n_layers - stages + 1]
+            if skewed == balanced:
+                skewed = [profile.n_layers - stages + 1] + [1] * (stages - 1)
+            out.append(skewed)
+        return out
+
+    plans = []
+    for s in schedules:
+        v = 2 if s in V_SCHEDULES else 1  # a V: two stages a device
+        if n_stages * v > profile.n_layers:
+            continue
+        plans += [Plan(b, c, batch, checkpoint=k, schedule=s, virtual_stages=v, optimizer="sgd")
+                  for b in balances(n_stages * v) for c in chunks if c <= batch
+                  for k in checkpoints]
+    return plans
 
 
 #: optional profile columns behind one mechanism each (for ablations)
