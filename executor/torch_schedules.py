@@ -106,3 +106,31 @@ def from_torch(name: str, n_ranks: int, n_microbatches: int, stages_per_rank: in
         plan = Plan([1] * n_ranks, n_microbatches, batch_size or n_microbatches,
                     schedule=_NATIVE[key])
         return build_schedule(plan)
+
+
+def to_torch_runtime(schedule: Schedule, stages: list, loss_fn=None, *, scale_grads: bool = True,
+                     csv_dir: str | None = None):
+    """torch's ``_PipelineScheduleRuntime`` running ``schedule`` on this rank's
+    ``PipelineStage``s: the Schedule goes through torch's CSV (``Schedule.to_csv``, then
+    ``_load_csv``, which adds the communication), with pipesim's stage placement.
+
+    ``scale_grads`` as torch's (gradients divided by the micro-batch count: with a mean
+    loss over equal micro-batches, the full batch's gradients).  ``csv_dir`` keeps the CSV
+    (default: a temporary folder); each rank writes its own file.
+    """
+    import tempfile
+    from pathlib import Path
+
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    runtime = _PipelineScheduleRuntime(stages, n_microbatches=schedule.n_microbatches,
+                                       loss_fn=loss_fn, scale_grads=scale_grads)
+    mapping = dict(enumerate(schedule.placement))
+    runtime.stage_index_to_group_rank = mapping
+    for stage in stages:
+        stage.stage_index_to_group_rank = mapping
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(csv_dir or tmp)
+        path = folder / f"{schedule.name.replace(':', '_')}_rank{stages[0].group_rank}.csv"
+        runtime._load_csv(str(schedule.to_csv(path)))
+    return runtime

@@ -43,7 +43,12 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
+from pipesim.cluster import Cluster
+from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.plot import scatter_predicted_measured
+from pipesim.profile import Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -63,12 +68,18 @@ def main() -> None:
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
     ap.add_argument("--tag", default="", help="suffix of the results' names")
+    ap.add_argument("--repredict", action="store_true",
+                    help="no runs: predict the saved grid again from its saved profiles and "
+                    "calibration (after a model change), and print before / after")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     results = RESULTS / args.subdir if args.subdir else RESULTS
     results.mkdir(parents=True, exist_ok=True)
     tag = f"cpu_{args.stages}stages" if args.stages != 2 or args.subdir else "cpu"
     tag += f"_{args.tag}" if args.tag else ""
+    if args.repredict:
+        repredict(results, tag)
+        return
     print("calibrating ...", flush=True)
     cluster = calibrate_cpu(args.stages)
     cluster.save(results / f"calibration_{tag}.json")
@@ -131,6 +142,25 @@ def main() -> None:
     print(replay.round(2).to_string(index=False))
     print(json.dumps(summary, indent=2))
     print(f"wrote {path}")
+
+
+def repredict(results: Path, tag: str) -> None:
+    """Predict the measured grid ``validation_TAG.csv`` again with today's model."""
+    table = pd.read_csv(results / f"validation_{tag}.csv")
+    cluster = Cluster.load(results / f"calibration_{tag}.json")
+    profiles = {m: Profile.load(results / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
+    after = []
+    for r in table.itertuples():
+        plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), BATCH,
+                    checkpoint=r.checkpoint, schedule=r.schedule,
+                    virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
+        after.append(1e3 * metrics(simulate(profiles[r.model], plan, cluster,
+                                            track_memory=False)).iteration_time_s)
+    table["predicted_ms_now"] = after
+    for label, col in (("as saved", "predicted_ms"), ("today's model", "predicted_ms_now")):
+        err = (100 * (table[col] / table.measured_ms - 1)).abs()
+        print(f"{label:14s}: median |error| {err.median():5.1f}%, max {err.max():5.1f}%")
+    table.to_csv(results / f"validation_{tag}_repredicted.csv", index=False)
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from executor.distributed import _free_port, spawn_plans
 from executor.models import builtin_job
 from executor.partition import split_module
 from executor.profiler import profile
-from executor.torch_schedules import from_torch
+from executor.torch_schedules import from_torch, to_torch_runtime
 from experiments.common import RESULTS, machine, write_results
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
@@ -77,24 +77,10 @@ def pipesim_schedule(case: str, n_ranks: int, v: int, m: int) -> Schedule:
 
 def _torch_schedule(case: str, stages: list, m: int, loss_fn, schedule: Schedule, csv_dir: str):
     """torch's schedule object for ``case`` over this rank's ``stages``."""
-    from torch.distributed.pipelining.schedules import (
-        PipelineScheduleMulti,
-        _PipelineScheduleRuntime,
-        get_schedule_class,
-    )
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, get_schedule_class
 
-    if case.startswith("pipesim:"):
-        # pipesim's order through torch's CSV, run by torch's runtime
-        runtime = _PipelineScheduleRuntime(stages, n_microbatches=m, loss_fn=loss_fn,
-                                           scale_grads=False)
-        mapping = dict(enumerate(schedule.placement))
-        runtime.stage_index_to_group_rank = mapping
-        for st in stages:
-            st.stage_index_to_group_rank = mapping
-        # one file a rank: every rank writes and reads its own copy, none reads half a file
-        path = Path(csv_dir) / f"{case.replace(':', '_')}_rank{stages[0].group_rank}.csv"
-        runtime._load_csv(str(schedule.to_csv(path)))
-        return runtime
+    if case.startswith("pipesim:"):  # pipesim's order through torch's CSV, torch's runtime
+        return to_torch_runtime(schedule, stages, loss_fn, scale_grads=False, csv_dir=csv_dir)
     cls = get_schedule_class(case)
     multi = issubclass(cls, PipelineScheduleMulti)
     return cls(stages if multi else stages[0], n_microbatches=m, loss_fn=loss_fn,

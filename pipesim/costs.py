@@ -39,12 +39,16 @@ class StageCost:
     #: ends in the loss, what the loss saved (the loss runs outside the checkpoint, so its
     #: backward comes first and frees them before the recomputation)
     freed_first_bytes: float = 0.0
-    #: a split backward (seconds): the input gradient ``I`` (with the checkpoint's own
-    #: backward cost; the recomputation is ``recompute_s`` beside it) and the weight
-    #: gradients ``W``; and the output gradients ``I`` keeps alive for ``W`` (bytes)
+    #: a split backward (seconds): the input gradient ``I`` (a checkpointed micro-batch
+    #: recomputes first, ``recompute_s``: the executor re-runs the forward itself, not
+    #: through torch.utils.checkpoint, so neither F nor I pays the checkpoint's hooks) and
+    #: the weight gradients ``W``; and the output gradients ``I`` keeps alive for ``W``
     bwd_input_s: float = 0.0
     bwd_weight_s: float = 0.0
     w_pending_bytes: float = 0.0
+    #: what torch.utils.checkpoint adds to ``fwd_s`` (0 unless checkpointed): a forward
+    #: whose backward is split runs without it
+    ckpt_fwd_extra_s: float = 0.0
 
 
 class PlanCosts:
@@ -88,7 +92,8 @@ class PlanCosts:
                             max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
                             else span.bwd_transient_bytes),
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
-                        bwd_input_s=span.bwd_input_s + (span.ckpt_bwd_extra_s if ckpt else 0.0),
+                        bwd_input_s=span.bwd_input_s,
+                        ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,
                         bwd_weight_s=span.bwd_weight_s,
                         w_pending_bytes=span.w_pending_bytes,
                     )

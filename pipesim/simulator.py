@@ -348,6 +348,9 @@ class Simulator:
             self.static_bytes[self.resource_of[self.placement[s]]] += (
                 costs.stage_param_bytes(s) * factor)
         cache: dict[tuple, _Step] = {}
+        #: (stage, micro-batch) whose backward is split into I and W
+        self.split = {(a.stage, a.microbatch) for a in self.schedule.actions()
+                      if a.kind == INPUT_GRAD}
         self.programs: list[list[tuple[int, _Step]]] = []
         for w in workers:
             grads_seen: set[int] = set()
@@ -358,7 +361,7 @@ class Simulator:
                 first_backward = kind in (BACKWARD, WEIGHT_GRAD) and s not in grads_seen
                 if first_backward:
                     grads_seen.add(s)
-                key = (s, kind, id(c), first_backward)
+                key = (s, kind, id(c), first_backward, (s, mb) in self.split)
                 if self.durations and (s, kind, mb) in self.durations:
                     step = self._step(w, s, mb, kind, c, first_backward,
                                       self.durations[(s, kind, mb)])
@@ -380,7 +383,9 @@ class Simulator:
         overhead = self.cluster.compute_overhead_s
         device = self.resource_of[w]
         if kind == FORWARD:
-            seconds = c.fwd_s + overhead if measured is None else measured
+            plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
+            seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
+                       if measured is None else measured)
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
             # transients are held while the forward runs; what it keeps stays at its end
             t = c.fwd_transient_bytes

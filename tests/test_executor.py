@@ -408,3 +408,73 @@ def test_torch_schedules_refuse_what_torch_refuses():
         from_torch("ZBVZeroBubble", n_ranks=2, n_microbatches=4, stages_per_rank=3)
     with pytest.raises(ScheduleError, match="torch has no schedule 'Nope'"):
         from_torch("Nope", n_ranks=2, n_microbatches=4)
+
+
+def _torch_runtime_rank(rank: int, port: int, schedule_name: str, out) -> None:
+    """One rank of torch's runtime running a pipesim schedule read from torch's CSV."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage
+
+    from executor.partition import split_module
+    from executor.torch_schedules import to_torch_runtime
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=2, timeout=timedelta(seconds=60))
+        v = 2 if schedule_name == "zbv" else 1
+        plan = Plan([4 // (2 * v)] * (2 * v), 4, 8, checkpoint="never", schedule=schedule_name,
+                    virtual_stages=v)
+        schedule = build_schedule(plan)
+        module, loss_fn, x, y = builtin_job("mlp", 8, dtype="float64", **MLP)
+        parts = split_module(module, plan.balance)
+        mine = [s for s in range(plan.n_stages) if schedule.placement[s] == rank]
+        stages = [PipelineStage(parts[s], s, plan.n_stages, torch.device("cpu")) for s in mine]
+        runtime = to_torch_runtime(schedule, stages, loss_fn)
+        last = plan.n_stages - 1
+        kwargs = {"target": y, "losses": []} if last in mine else {}
+        if 0 in mine:
+            runtime.step(x, **kwargs)
+        else:
+            runtime.step(**kwargs)
+        out.put((rank, {n: p.grad.clone() for s in mine for n, p in _named(module, parts[s])}))
+        dist.destroy_process_group()
+    except BaseException as exc:  # reported to the test, not lost in the child
+        out.put((rank, f"{type(exc).__name__}: {exc}"))
+
+
+def _named(module: nn.Module, part: nn.Module):
+    """``part``'s parameters under their names in ``module``."""
+    ids = {id(p) for p in part.parameters()}
+    return [(n, p) for n, p in module.named_parameters() if id(p) in ids]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule_name", ["zb-h1", "zbv"])
+def test_torchs_runtime_runs_pipesims_schedule_from_csv(schedule_name):
+    """The reverse direction: a pipesim Schedule in torch's CSV, run by torch's own
+    ``_PipelineScheduleRuntime``, gives the unpipelined model's gradients."""
+    import torch.multiprocessing as mp
+
+    from executor.distributed import _free_port
+
+    job = functools.partial(builtin_job, "mlp", 8, dtype="float64", **MLP)
+    _, ref_grads = reference(job)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_torch_runtime_rank, args=(r, port, schedule_name, out))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    got = dict(out.get(timeout=120) for _ in procs)
+    for p in procs:
+        p.join(timeout=30)
+    grads = {}
+    for rank, value in got.items():
+        assert isinstance(value, dict), f"rank {rank}: {value}"
+        grads.update(value)
+    assert set(grads) == set(ref_grads)
+    for name, g in grads.items():
+        assert torch.allclose(g, ref_grads[name], rtol=1e-10, atol=1e-12), name
