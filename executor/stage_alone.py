@@ -24,6 +24,7 @@ from executor.pipeline import stage_skips
 from executor.recorder import Recorder
 from executor.skip import SkipTracker, use_tracker
 from executor.stage import StageRunner
+from executor.transport import Transport
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
 
@@ -60,11 +61,17 @@ def message_shapes(module: nn.Sequential, plan: Plan,
     return shapes
 
 
-class SynthTransport:
-    """Receives synthesised tensors of the recorded shapes; drops what is sent."""
+class SynthTransport(Transport):
+    """Receives synthesised tensors of the recorded shapes; drops what is sent.  A
+    prefetched message is made when prefetched, as the process transport posts its
+    receive buffer then (:meth:`executor.transport.DistTransport.prefetch`)."""
 
     def __init__(self, shapes: dict[tuple[int, str, int], Shape], device: torch.device):
         self.shapes, self.device = shapes, device
+        self._early: dict[tuple[int, str, int], torch.Tensor] = {}
+
+    def prefetch(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> None:
+        self._early[(stage, kind, mb)] = self._make(stage, kind, mb)
 
     def send(self, tensor: torch.Tensor, dst_stage: int, kind: str, mb: int,
              src_stage: int | None = None) -> None:
@@ -72,13 +79,17 @@ class SynthTransport:
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
         del src_stage
+        early = self._early.pop((stage, kind, mb), None)
+        return early if early is not None else self._make(stage, kind, mb)
+
+    def _make(self, stage: int, kind: str, mb: int) -> torch.Tensor:
         shape, dtype = self.shapes[(stage, kind, mb)]
         if dtype.is_floating_point:
             return torch.randn(shape, dtype=dtype, device=self.device)
         return torch.zeros(shape, dtype=dtype, device=self.device)
 
     def finish_iteration(self) -> None:
-        pass
+        self._early.clear()
 
 
 def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch.Tensor,

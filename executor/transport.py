@@ -41,7 +41,14 @@ class PipelineAborted(RuntimeError):
     """Another worker failed; this one stops instead of waiting."""
 
 
-class ThreadTransport:
+class Transport:
+    """What every transport shares: ``prefetch`` does nothing unless it can post early."""
+
+    def prefetch(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> None:
+        """Nothing to post: the message is at hand when it is sent."""
+
+
+class ThreadTransport(Transport):
     """In-process mailbox between worker threads; see the module docstring."""
 
     def __init__(self, devices: list[torch.device], placement: tuple[int, ...],
@@ -114,9 +121,6 @@ class ThreadTransport:
                 ready.synchronize()
         return tensor
 
-    def prefetch(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> None:
-        """Nothing to post: a hand-over between threads is already there when sent."""
-
     def finish_iteration(self) -> None:
         with self._cond:
             leftover = sorted(self._box)
@@ -128,7 +132,7 @@ class ThreadTransport:
 Key = tuple[int, str, int]  # (receiving stage, kind, micro-batch)
 
 
-class DistTransport:
+class DistTransport(Transport):
     """Point-to-point between ranks with torch.distributed (one process per rank).
 
     Shapes travel in a small header the first time each (stage, kind, micro-batch) is

@@ -190,8 +190,8 @@ def test_a_stage_alone_holds_what_it_holds_in_the_pipeline(name, sizes, balance,
     alone = [run_stage_alone(module, plan, s, x, y, loss_fn=loss_fn)["tracked"]
              for s in range(plan.n_stages)]
     piped_peaks = [piped.trace.meta["peak_memory"][f"rank{s}"] for s in range(plan.n_stages)]
-    # the real transport holds more: shape headers, and receive buffers it posts before the
-    # stage asks for them; a stage alone makes its neighbours' tensors when they are used
+    # the real transport holds a little more (shape headers, sent tensors kept to the end);
+    # both post (make) the next action's receive buffer ahead
     for a, p in zip(alone, piped_peaks, strict=True):
         assert a <= p <= 1.15 * a
 
