@@ -162,9 +162,21 @@ def _time_split(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
     synchronize(device)
     with i_watch.region():
         _, work = split_backward.input_grad(out, grad, inputs, params)
+    # bytes I leaves for W: gradients it captured, but not the one the layer received
+    # (a stage keeps it anyway) nor, after a loss, the logits' (the loss gradient)
+    received = grad.untyped_storage().data_ptr() if grad is not None else None
+    pending = aliased = 0
+    for g in work.held():
+        nbytes = g.untyped_storage().nbytes()
+        if g.untyped_storage().data_ptr() == received or (
+                loss_fn is not None and nbytes == tensor_bytes(y)):
+            aliased += nbytes
+        else:
+            pending += nbytes
     with w_watch.region():
         split_backward.weight_grad(work)
-    return {"bwd_input_s": i_watch.elapsed()[0], "bwd_weight_s": w_watch.elapsed()[0]}
+    return {"bwd_input_s": i_watch.elapsed()[0], "bwd_weight_s": w_watch.elapsed()[0],
+            "w_pending_bytes": float(pending), "w_received_bytes": float(aliased)}
 
 
 def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
@@ -211,7 +223,9 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
                 row["ckpt_bwd_s"] = cb.elapsed()[0]
         if split:
             row.update(_time_split(layer, x, loss_fn if last else None, target, grad, device)
-                       if out.requires_grad else {"bwd_input_s": 0.0, "bwd_weight_s": 0.0})
+                       if out.requires_grad else {"bwd_input_s": 0.0, "bwd_weight_s": 0.0,
+                                                  "w_pending_bytes": 0.0,
+                                                  "w_received_bytes": 0.0})
         times.append(row)
         x = y
     return times

@@ -56,6 +56,15 @@ class WeightWork:
     def clear(self) -> None:
         self.joins = []
 
+    def held(self) -> list[torch.Tensor]:
+        """The gradients kept for W, one tensor per storage."""
+        seen: dict[int, torch.Tensor] = {}
+        for _, _, grads in self.joins:
+            for g in grads:
+                if g is not None:
+                    seen.setdefault(g.untyped_storage().data_ptr(), g)
+        return list(seen.values())
+
 
 def _joins(root: Node, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
            ) -> list[tuple[Node, list[torch.Tensor]]] | None:

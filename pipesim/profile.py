@@ -38,6 +38,11 @@ Optional columns (profiles without them still load; the simulator then falls bac
                             from the output gradients ``I`` kept; without these columns
                             a layer with parameters splits ``bwd_s`` in equal halves (a
                             matmul's two gradients cost the same) and one without has no W
+``w_pending_bytes`` int     bytes ``I`` leaves for ``W``: the gradients it captured inside
+                            the layer (not the one it received, nor a loss's logits')
+``w_received_bytes`` int    bytes of the received gradient that ``I`` keeps for ``W``
+                            (the layer's last operation has weights): inside a stage, an
+                            inner layer's such gradient stays too
 ``fwd_transient_bytes`` int bytes the forward holds only while it runs (temporaries)
 ``bwd_transient_bytes`` int bytes the backward holds only while it runs, beyond the input
                             gradient: weight gradients being formed, temporaries
@@ -93,6 +98,8 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "bwd_transient_bytes": "float",
     "bwd_input_s": "float",
     "bwd_weight_s": "float",
+    "w_pending_bytes": "float",
+    "w_received_bytes": "float",
 }
 _TIME_COLUMNS = ("fwd_s", "bwd_s")
 _BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
@@ -131,8 +138,8 @@ class LayerCost:
     #: measured a split that costs more than the whole
     bwd_input_s: float = 0.0
     bwd_weight_s: float = 0.0
-    #: bytes ``I`` leaves for ``W``: the output gradients of the layers with parameters,
-    #: but the span's last (that one is the gradient it received)
+    #: bytes ``I`` leaves for ``W`` (columns ``w_pending_bytes``, ``w_received_bytes``;
+    #: without them, the output gradients of the span's inner layers with parameters)
     w_pending_bytes: float = 0.0
 
 
@@ -315,7 +322,16 @@ class Profile:
             w_s = float(cols["bwd_s"][weighted].sum()) / 2
             i_s = bwd_layers - w_s
             scale = bwd_s / bwd_layers if bwd_layers > 0 else 1.0  # the isolation correction
-        pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
+        if first == 0:
+            # the first stage's input is data: its I computes nothing, its whole backward
+            # is W, from the gradient it received
+            pending = 0.0
+            i_s, w_s = 0.0, i_s + w_s
+        elif "w_pending_bytes" in cols and "w_received_bytes" in cols:
+            # measured: each layer's own, and the inner layers' received gradients
+            pending = float(cols["w_pending_bytes"].sum() + cols["w_received_bytes"][:-1].sum())
+        else:  # the output gradients of the inner layers with weights
+            pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,

@@ -76,7 +76,7 @@ def test_a_budget_near_1f1b_memory_rules_out_zb_h2():
     table = tune(prof, 2, 16, 1e12, schedules=kinds, chunks=[8], checkpoints=("never",),
                  refine=False).table
     peak = table.set_index("schedule").peak_bytes
-    assert peak["1f1b"] < peak["zb-h1"] < 1.1 * peak["1f1b"] < peak["zb-h2"]
+    assert peak["1f1b"] <= peak["zb-h1"] < 1.1 * peak["1f1b"] < peak["zb-h2"]
     budget = peak["zb-h1"] * 1.1 + 1  # fits ZB-H1 with the margin, not ZB-H2
     best = tune(prof, 2, 16, budget, schedules=kinds, chunks=[8], checkpoints=("never",),
                 refine=False).best

@@ -12,16 +12,19 @@ with unit-time F, I and W, and each device, when free, takes
     4. else it waits for the next action to end anywhere.
 
 The order it produces is the schedule; whatever the real durations, it is then checked
-like any other (complete, deadlock-free).
+like any other (complete, deadlock-free).  Stage 0's input is data: its I is instant and
+its W the whole backward (as the executor runs them, :mod:`executor.split_backward`).
 
 ZB-H1 (``zb-h1``): one stage a device, cap ``n - s`` on stage ``s`` -- 1F1B's peak
 activation memory.  Steady state is F I W; the cool-down's gaps fill with W.  4 stages,
 6 micro-batches, unit times (digits: micro-batches; 1F1B takes 27 units here)::
 
-    dev0  F0 F1 F2 F3  .  .  . I0 W0 F4 I1 W1 F5 I2 W2  . I3 W3  . I4 W4  . I5 W5
+    dev0  F0 F1 F2 F3  .  .  . W0 W0 F4 W1 W1 F5 W2 W2  . W3 W3  . W4 W4  . W5 W5
     dev1   . F0 F1 F2  .  . I0 W0 F3 I1 W1 F4 I2 W2 F5 I3 W3  . I4 W4  . I5 W5  .
     dev2   .  . F0 F1  . I0 W0 F2 I1 W1 F3 I2 W2 F4 I3 W3 F5 I4 W4  . I5 W5  .  .
     dev3   .  .  . F0 I0 W0 F1 I1 W1 F2 I2 W2 F3 I3 W3 F4 I4 W4 F5 I5 W5  .  .  .
+
+(stage 0's I is instant, its W two units).
 
 ZB-H2 (``zb-h2``): the same with cap ``2n - 1 - s``: about twice 1F1B's activations on
 stage 0, and no bubble left when F, I and W take equal time (21 units above).
@@ -31,10 +34,10 @@ and ``2n - 1 - d`` -- so the first and the last stage (the loss) share device 0 
 micro-batch's backward starts where its forward ended.  Cap ``2n`` half-size stages a
 device: 1F1B's activation memory, with a bubble that all but vanishes when F, I and W
 take equal time.  2 devices, 4 micro-batches, half-size stages (``sKm``: stage s, kind K,
-micro-batch m; 12.5 units where ideal is 12)::
+micro-batch m; 13 units where ideal is 12; stage 0's instant I not drawn)::
 
-    dev0  0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 0I0 3W1 0I1 0F3 0W0 3F2 3I2 0W1 3W2 0I2 ...
-    dev1    . 1F0 2F0 1F1 2F1 2I0 1I0 2W0 2I1 1I1 1F2 1W0 2F2 2W1 1F3 2I2 1I2 1W1 ...
+    dev0  0F0 0F1 0F2 3F0 3I0 3W0 3F1 3I1 3W1 0F3 0W0 0W0 0W1 0W1 3F2 3I2 3W2   . ...
+    dev1    . 1F0 2F0 1F1 2F1 2I0 1I0 2W0 2I1 1I1 1F2 1W0 2F2 2W1 1F3 1W1 2I2 1I2 ...
 """
 
 from __future__ import annotations
@@ -126,12 +129,12 @@ def zero_bubble_order(n_stages: int, n_microbatches: int, placement: tuple[int, 
             next_f[s] += 1
             held[d] += 1
         elif kind == INPUT_GRAD:
-            end = now + t_i
+            end = now + (t_i if s > 0 else 0.0)  # stage 0's input is data: no gradient
             grad_end[(s, mb)] = end
             next_i[s] += 1
             pending_w[d].append(Action(s, WEIGHT_GRAD, mb))
         else:
-            end = now + t_w
+            end = now + t_w + (t_i if s == 0 else 0.0)  # stage 0's W is its whole backward
             held[d] -= 1
         order[d].append(choice)
         free_at[d] = end
