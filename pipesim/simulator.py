@@ -56,7 +56,13 @@ from pipesim.schedule import (
     Schedule,
     build_schedule,
 )
-from pipesim.trace import ACTION_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import (
+    ACTION_COLUMNS,
+    CATEGORY_COLUMNS,
+    MEMORY_COLUMNS,
+    Trace,
+    frame_from_rows,
+)
 
 #: (stage, kind, microbatch) -> seconds; replaces the whole duration of that action
 #: (profile time and the cluster's per-action overhead): replaying a measured run.
@@ -80,12 +86,29 @@ class _Step(NamedTuple):
     waits: tuple[int, ...]  # events it needs: ``base + 2 * mb`` for each base
     seconds: float  # total duration before jitter (overhead and recomputation included)
     recompute_s: float
-    alloc_start: float  # bytes allocated when it starts
-    alloc_end: float  # bytes allocated (negative: freed) when it ends
+    alloc_start: Parts  # bytes allocated when it starts, per category
+    alloc_end: Parts  # bytes allocated (negative: freed) when it ends, per category
     send: _Send | None
     extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
     release: float = 0.0  # bytes freed progressively while it runs (see RELEASE_STEPS)
     recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
+
+
+#: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
+#: state, weight gradients, activations kept for backward (and recomputed ones), buffers
+#: received from another device, and temporaries (transients, gradients in flight)
+PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES = (
+    "parameters", "gradients", "activations", "received", "temporaries")
+MEMORY_CATEGORIES = (PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES)
+Parts = tuple[tuple[str, float], ...]
+
+
+def _parts(*pairs: tuple[str, float]) -> Parts:
+    """``(category, bytes)`` pairs summed per category, zeros dropped."""
+    out: dict[str, float] = {}
+    for category, nbytes in pairs:
+        out[category] = out.get(category, 0.0) + nbytes
+    return tuple((c, v) for c, v in out.items() if v)
 
 
 #: a backward frees its stage's saved (or recomputed) activations as it walks back through
@@ -121,9 +144,9 @@ class _Run:
         self.slots: list[float | simpy.Event | None] = [None] * sim.n_events
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.rows: list[tuple] = []
-        self.held: list[tuple[str, float]] = []  # (device, bytes) freed at the step's end
-        self.deltas: list[tuple[str, float, float]] = [
-            (device, 0.0, static) for device, static in sim.static_bytes.items()]
+        self.held: list[tuple[str, float, str]] = []  # (device, bytes, category) freed at the end
+        self.deltas: list[tuple[str, float, float, str]] = [
+            (device, 0.0, static, PARAMETERS) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
         # Serial sharing queues on a SimPy resource; concurrent sharing is processor sharing.
         self.compute = {r: simpy.Resource(self.env, 1) for r in sim.shared_resources
@@ -138,7 +161,9 @@ class _Run:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
         slot = self.slots[index]
         if slot is None:
-            self.slots[index] = at
+            # a plain float: the receiver tells an arrival time from an event by its exact
+            # class (numpy's float64, which profile arithmetic yields, would pass unseen)
+            self.slots[index] = float(at)
             return
         assert isinstance(slot, simpy.Event)  # the receiver is waiting on it
         waiting: simpy.Event = slot
@@ -166,11 +191,13 @@ class _Run:
         if self.sim.track_memory and keeps:
             # the sender's tensor lives on to the step's end (see the Cluster field); its
             # stash no longer frees activations and skips sent (see Simulator._step)
+            gradient = send.kind in ("SEND_B", "SEND_SB")
             if send.kind == "SEND_SB":  # made by the backward, not counted there: count it
-                self.deltas.append((send.src_device, now, send.nbytes))
-            self.held.append((send.src_device, send.nbytes))
+                self.deltas.append((send.src_device, now, send.nbytes, TEMPORARIES))
+            self.held.append((send.src_device, send.nbytes,
+                              TEMPORARIES if gradient else ACTIVATIONS))
         elif send.dst_device and self.sim.track_memory and send.kind == "SEND_B":
-            self.deltas.append((send.src_device, end, -send.nbytes))
+            self.deltas.append((send.src_device, end, -send.nbytes, TEMPORARIES))
         posted = self.sim.cluster.receives_ahead and send.kind in ("SEND_F", "SEND_B")
         if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB" and not posted:
             # The one memory rule of a transfer, whatever the link (a free link is an
@@ -178,7 +205,7 @@ class _Run:
             # arrival on -- or from when it posted the receive (Cluster.receives_ahead; see
             # worker) --; a gradient's buffer on the sender goes free at the same moment
             # (or at the step's end, above).  A skip's gradient is consumed at once.
-            self.deltas.append((send.dst_device, end, send.nbytes))
+            self.deltas.append((send.dst_device, end, send.nbytes, RECEIVED))
         self._arrive(index, end)
 
     def worker(self, w: int):
@@ -202,7 +229,7 @@ class _Run:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
                 # its receive was posted as the worker moved to the step before this one
-                deltas.append((device, previous, step.recv_bytes))
+                deltas.append((device, previous, step.recv_bytes, RECEIVED))
             for base in step.waits:
                 index = base + 2 * mb
                 slot = slots[index]
@@ -217,8 +244,9 @@ class _Run:
                 req = resource.request()
                 yield req
             start = env.now
-            if track and step.alloc_start:
-                deltas.append((device, start, step.alloc_start))
+            if track:
+                for category, nbytes in step.alloc_start:
+                    deltas.append((device, start, nbytes, category))
             seconds = step.seconds
             if jitter is not None and rng is not None:
                 seconds *= jitter.stragglers.get(w, 1.0)
@@ -226,13 +254,15 @@ class _Run:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
             yield timeout(seconds) if sharing is None else sharing.run(seconds)
             end = env.now
-            if track and step.alloc_end:
-                deltas.append((device, end, step.alloc_end))
+            if track:
+                for category, nbytes in step.alloc_end:
+                    deltas.append((device, end, nbytes, category))
             if track and step.release:
                 back = start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
                 part = step.release / RELEASE_STEPS
                 for j in range(1, RELEASE_STEPS + 1):
-                    deltas.append((device, back + (end - back) * j / RELEASE_STEPS, -part))
+                    deltas.append((device, back + (end - back) * j / RELEASE_STEPS, -part,
+                                   ACTIVATIONS))
             if step.recompute_s:
                 r_end = start + (end - start) * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
@@ -251,8 +281,8 @@ class _Run:
         unfinished = [w for w, p in enumerate(procs) if p.is_alive]
         if unfinished:  # cannot happen for a checked schedule; guard against a stall
             raise RuntimeError(f"simulation stalled: workers {unfinished} did not finish")
-        for device, nbytes in self.held:  # sends kept to the step's end go now
-            self.deltas.append((device, self.env.now, -nbytes))
+        for device, nbytes, category in self.held:  # sends kept to the step's end go now
+            self.deltas.append((device, self.env.now, -nbytes, category))
         return self.origin + self.env.now
 
     def memory_frame(self) -> pd.DataFrame:
@@ -263,21 +293,40 @@ class _Run:
         """
         if not self.sim.track_memory or not self.deltas:
             return frame_from_rows([], MEMORY_COLUMNS)
-        devices, times, deltas = zip(*self.deltas)  # one transposition at C speed
-        names = sorted(set(devices))
-        code = {name: i for i, name in enumerate(names)}
-        dev = np.array([code[d] for d in devices], dtype=np.int64)
-        t = np.array(times, dtype=float)
-        delta = np.array(deltas, dtype=float)
-        order = np.lexsort((delta, t, dev))  # by device, then time, frees first
-        dev, t, delta = dev[order], t[order], delta[order]
-        level = np.cumsum(delta)
-        starts = np.searchsorted(dev, np.arange(len(names)))
-        level -= np.repeat(np.concatenate([[0.0], level[starts[1:] - 1]]),
-                           np.diff(np.append(starts, len(dev))))
-        return pd.DataFrame({"iteration": self.iteration,
-                             "device": np.array(names, dtype=object)[dev],
+        devices, times, deltas, _ = zip(*self.deltas)  # one transposition at C speed
+        names, key, t, level = _levels(devices, times, deltas)
+        return pd.DataFrame({"iteration": self.iteration, "device": names[key],
                              "time": self.origin + t, "bytes": level}, columns=MEMORY_COLUMNS)
+
+    def category_frame(self) -> pd.DataFrame:
+        """Levels per device and category (:data:`MEMORY_CATEGORIES`), as ``memory_frame``."""
+        if not self.sim.track_memory or not self.deltas:
+            return frame_from_rows([], CATEGORY_COLUMNS)
+        devices, times, deltas, categories = zip(*self.deltas)
+        pairs = [f"{d}\0{c}" for d, c in zip(devices, categories, strict=True)]
+        names, key, t, level = _levels(pairs, times, deltas)
+        device, category = zip(*(n.split("\0") for n in names))
+        return pd.DataFrame({"iteration": self.iteration,
+                             "device": np.array(device, dtype=object)[key],
+                             "category": np.array(category, dtype=object)[key],
+                             "time": self.origin + t, "bytes": level}, columns=CATEGORY_COLUMNS)
+
+
+def _levels(keys, times, deltas) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Running sums of ``deltas`` per key in time order (frees first at one instant):
+    ``(key names, key index of each row, times, levels)``."""
+    names = sorted(set(keys))
+    code = {name: i for i, name in enumerate(names)}
+    key = np.array([code[k] for k in keys], dtype=np.int64)
+    t = np.array(times, dtype=float)
+    delta = np.array(deltas, dtype=float)
+    order = np.lexsort((delta, t, key))  # by key, then time, frees first
+    key, t, delta = key[order], t[order], delta[order]
+    level = np.cumsum(delta)
+    starts = np.searchsorted(key, np.arange(len(names)))
+    level -= np.repeat(np.concatenate([[0.0], level[starts[1:] - 1]]),
+                       np.diff(np.append(starts, len(key))))
+    return np.array(names, dtype=object), key, t, level
 
 
 class Simulator:
@@ -390,8 +439,10 @@ class Simulator:
             # transients are held while the forward runs; what it keeps stays at its end
             t = c.fwd_transient_bytes
             recv = boundary if s > 0 and self._crosses(s - 1, device) else 0.0
-            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0, t,
-                         c.keep_bytes - t, send, recv_bytes=recv)
+            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0,
+                         _parts((TEMPORARIES, t)),
+                         _parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
+                         recv_bytes=recv)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -408,30 +459,38 @@ class Simulator:
         release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
         if self.cluster.sender_keeps_sends and s < n - 1 and self._crosses(s + 1, device):
             release -= c.output_bytes
-        freed = loss_grad + transient
+        # (the gradient received from stage s+1: a buffer from another device, or its input
+        # gradient handed over on this one)
+        freed = [(TEMPORARIES, -(loss_grad + transient))]
         if s > 0 and self._crosses(s - 1, device):
-            freed += boundary
+            freed.append((RECEIVED, -boundary))
         if s < n - 1:
-            freed += c.output_bytes
+            freed.append((RECEIVED if self._crosses(s + 1, device) else TEMPORARIES,
+                          -c.output_bytes))
         send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
         waits = (s * m * 2 + 1,) if s < n - 1 else ()
         # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
-        gradient_start = c.recompute_bytes + in_grad + loss_grad - c.freed_first_bytes
+        gradient_start = [(ACTIVATIONS, c.recompute_bytes - c.freed_first_bytes),
+                          (TEMPORARIES, in_grad + loss_grad)]
         if kind == WEIGHT_GRAD:
             # W: weight gradients from the output gradients I kept, then everything goes
             seconds = c.bwd_weight_s + overhead if measured is None else measured
-            return _Step(s, kind, (), seconds, 0.0, grads + transient,
-                         -(freed + c.w_pending_bytes), None, release=release)
+            return _Step(s, kind, (), seconds, 0.0,
+                         _parts((GRADIENTS, grads), (TEMPORARIES, transient)),
+                         _parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
+                         release=release)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
             # received tensors and the output gradients for W stay until W
             seconds = c.bwd_input_s + recompute + overhead
-            alloc_start, alloc_end, release = gradient_start + transient, \
-                c.w_pending_bytes - transient, 0.0
+            alloc_start = _parts(*gradient_start, (TEMPORARIES, transient))
+            alloc_end = _parts((TEMPORARIES, c.w_pending_bytes - transient))
+            release = 0.0
         else:
             seconds = c.bwd_s + recompute + overhead
-            alloc_start, alloc_end = gradient_start + grads + transient, -freed
+            alloc_start = _parts(*gradient_start, (GRADIENTS, grads), (TEMPORARIES, transient))
+            alloc_end = _parts(*freed)
         if measured is not None:
             seconds, recompute = measured, min(recompute, measured)
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
@@ -459,7 +518,7 @@ class Simulator:
         release = step.release
         n, m = self.plan.n_stages, self.plan.n_microbatches
         size = self.plan.micro_batch_sizes[mb]
-        waits, sends, alloc_end = list(step.waits), list(step.extra_sends), step.alloc_end
+        waits, sends, alloc_end = list(step.waits), list(step.extra_sends), list(step.alloc_end)
         for r, (name, a, b) in enumerate(self.skips):
             nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
             event = 2 * n * m + 2 * m * r
@@ -470,13 +529,13 @@ class Simulator:
             keeps = cross and self.cluster.sender_keeps_sends
             if step.stage == a and step.kind == FORWARD:
                 sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
-                alloc_end += 0.0 if stashed else nbytes
+                alloc_end.append((ACTIVATIONS, 0.0 if stashed else nbytes))
             elif step.stage == b and step.kind == FORWARD:
                 waits.append(event)
-                alloc_end -= nbytes if cross and not ckpt else 0.0
+                alloc_end.append((RECEIVED, -nbytes if cross and not ckpt else 0.0))
             elif step.stage == b:
                 sends.append(self._send(w, b, a, "SEND_SB", nbytes, event + 1))
-                alloc_end -= nbytes if cross and ckpt else 0.0
+                alloc_end.append((RECEIVED, -nbytes if cross and ckpt else 0.0))
             elif step.stage == a:
                 waits.append(event + 1)
                 # freed by the stashing stage's backward, or at the step's end if sent
@@ -484,8 +543,9 @@ class Simulator:
                 if keeps and stashed:
                     release -= nbytes
                 elif not keeps and not stashed:
-                    alloc_end -= nbytes
-        return step._replace(waits=tuple(waits), extra_sends=tuple(sends), alloc_end=alloc_end,
+                    alloc_end.append((ACTIVATIONS, -nbytes))
+        return step._replace(waits=tuple(waits), extra_sends=tuple(sends),
+                             alloc_end=_parts(*alloc_end),
                              release=release)
 
     def _in_stash(self, name: str, stage: int, size: float, nbytes: float) -> bool:
@@ -518,15 +578,19 @@ class Simulator:
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None
         rows: list[tuple] = []
-        memories = []
+        memories, categories = [], []
         origin = 0.0
         for it in range(iterations):
             run = _Run(self, it, origin, rng)
             origin = run.run()
             rows += run.rows
             memories.append(run.memory_frame())
+            if self.track_memory:
+                categories.append(run.category_frame())
         actions = frame_from_rows(rows, ACTION_COLUMNS)
         memory = memories[0] if len(memories) == 1 else pd.concat(memories, ignore_index=True)
+        by_category = (pd.concat(categories, ignore_index=True) if len(categories) > 1
+                       else categories[0] if categories else None)
         meta = {
             "source": "simulated",
             "batch_size": self.plan.batch_size,
@@ -536,7 +600,7 @@ class Simulator:
             "profile": self.profile.source,
             "devices": {w: d.resource for w, d in enumerate(self.cluster.devices)},
         }
-        return Trace(actions, memory, meta)
+        return Trace(actions, memory, meta, by_category)
 
 
 def simulate(profile: Profile, plan: Plan, cluster: Cluster | None = None, *,

@@ -44,6 +44,8 @@ ACTION_COLUMNS = ["iteration", "device", "stage", "microbatch", "kind", "start",
 HOST_COLUMNS = ["host_start", "host_end"]
 MEASURED_COLUMNS = ACTION_COLUMNS + HOST_COLUMNS
 MEMORY_COLUMNS = ["iteration", "device", "time", "bytes"]
+#: the memory timeline split by what it holds (simulated; see pipesim.simulator)
+CATEGORY_COLUMNS = ["iteration", "device", "category", "time", "bytes"]
 COMPUTE_KINDS = ("F", "B", "I", "W")
 TRANSFER_KINDS = ("SEND_F", "SEND_B", "SEND_S", "SEND_SB")
 
@@ -70,13 +72,19 @@ class Trace:
     actions: pd.DataFrame
     memory: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=MEMORY_COLUMNS))
     meta: dict[str, Any] = field(default_factory=dict)
+    #: the memory timeline split by category (:data:`CATEGORY_COLUMNS`; levels per device
+    #: and category after each change), where the source knows it; else None
+    memory_by_category: pd.DataFrame | None = None
 
     def save(self, directory: str | Path, prefix: str = "trace") -> Path:
-        """Write ``PREFIX_actions.csv``, ``PREFIX_memory.csv`` and ``PREFIX_meta.json``."""
+        """Write ``PREFIX_actions.csv``, ``PREFIX_memory.csv`` and ``PREFIX_meta.json`` (and
+        ``PREFIX_memory_by_category.csv`` when there is one)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         self.actions.to_csv(d / f"{prefix}_actions.csv", index=False)
         self.memory.to_csv(d / f"{prefix}_memory.csv", index=False)
+        if self.memory_by_category is not None:
+            self.memory_by_category.to_csv(d / f"{prefix}_memory_by_category.csv", index=False)
         (d / f"{prefix}_meta.json").write_text(json.dumps(self.meta, indent=2, default=str))
         return d
 
@@ -89,7 +97,8 @@ class Trace:
             raise ValueError(f"{d / f'{prefix}_actions.csv'}: missing column(s) {missing}")
         memory = pd.read_csv(d / f"{prefix}_memory.csv")
         meta = json.loads((d / f"{prefix}_meta.json").read_text())
-        return cls(actions, memory, meta)
+        split = d / f"{prefix}_memory_by_category.csv"
+        return cls(actions, memory, meta, pd.read_csv(split) if split.exists() else None)
 
     def iteration(self, i: int) -> Trace:
         """The rows of iteration ``i`` alone."""

@@ -335,6 +335,15 @@ def _assert_memory_balances(prof, plan, cluster, abs_tol):
     final = _levels(trace).groupby("device")["bytes"].last()
     for device, expected in _static_and_grads(prof, plan, cluster).items():
         assert final[device] == pytest.approx(expected, abs=abs_tol)
+    # by category: each level never negative, and only parameters and gradients remain
+    split = trace.memory_by_category
+    assert split is not None and (split["bytes"] >= -abs_tol).all()
+    last = split.sort_values("time", kind="stable").groupby(["device", "category"])["bytes"].last()
+    for (device, category), level in last.items():
+        if category not in ("parameters", "gradients"):
+            assert level == pytest.approx(0.0, abs=abs_tol), (device, category)
+    assert last.groupby(level="device").sum().to_dict() == pytest.approx(final.to_dict(),
+                                                                          abs=abs_tol)
 
 
 @st.composite
@@ -460,3 +469,18 @@ def test_more_busy_workers_than_cores_share_them():
     sliced = metrics(simulate(prof, plan, Cluster(devices, host_cores=2))).iteration_time_s
     assert 1.6 < sliced / free <= 2.0
     assert Cluster.from_dict(Cluster(devices, host_cores=2).to_dict()).host_cores == 2
+
+
+def test_an_action_waits_for_every_input_that_is_still_on_the_wire():
+    """Found with a slow link: a time computed from profile numbers (numpy floats) was taken
+    for an event, and a backward started before its gradient had arrived."""
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "experiments/results/profile_cpu_unet.csv"
+    prof = Profile.load(path)
+    plan = Plan([8, 5], 4, 32, checkpoint="never", schedule="gpipe")
+    trace = simulate(prof, plan, Cluster([Device("d0"), Device("d1")], link=Link(1e-4, 1e8)))
+    a = trace.actions
+    arrivals = a[a.kind.isin(["SEND_B", "SEND_SB"])].groupby("microbatch")["end"].max()
+    for r in a[(a.kind == "B") & (a.stage == 0)].itertuples():
+        assert r.start >= arrivals[r.microbatch] - 1e-12
