@@ -38,6 +38,7 @@ from experiments.validation import TRANSIENTS, without_columns
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
+from pipesim.plot import memory_stack
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
@@ -122,27 +123,23 @@ def main() -> None:
 
 
 def _chart(examples, path: Path) -> None:
-    """Predicted and measured memory over the iteration (time scaled to 0..1: the tracked
-    iteration runs slower than the timed ones), one panel per plan and device."""
+    """Predicted memory stacked by category with the measured total over it (time scaled
+    to 0..1: the tracked iteration runs slower than the timed ones), one panel per plan and
+    device."""
     if not examples:
         return
-    fig, axes = plt.subplots(len(examples), DEVICES, figsize=(11, 2.2 * len(examples)),
+    fig, axes = plt.subplots(len(examples), DEVICES, figsize=(13, 2.4 * len(examples)),
                              squeeze=False)
     for row, (name, plan, predicted, measured) in enumerate(examples):
         for d in range(DEVICES):
             ax = axes[row][d]
-            for trace, label, device in ((predicted, "predicted", f"cpu{d}"),
-                                         (measured, "measured", f"rank{d}")):
-                mem = trace.memory[trace.memory.device == device].sort_values("time")
-                if mem.empty:
-                    continue
-                t = (mem.time - mem.time.min()) / max(mem.time.max() - mem.time.min(), 1e-12)
-                ax.step(t, mem.bytes / 2**20, where="post", label=label)
-            ax.set_title(f"{name} {plan.label()} device {d}", fontsize=8)
-            ax.set_ylabel("MiB")
+            memory_stack(predicted, f"cpu{d}", ax, measured=measured, measured_device=f"rank{d}",
+                         share_of_iteration=True, title=f"{name} {plan.label()} device {d}")
+            ax.title.set_fontsize(8)
             ax.tick_params(labelsize=7)
-    axes[0][0].legend(fontsize=7, loc="upper left", bbox_to_anchor=(0, -0.25), ncol=2)
-    axes[-1][0].set_xlabel("time (share of the iteration)")
+            if (row, d) != (0, DEVICES - 1):
+                ax.get_legend().remove()
+
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -212,3 +212,61 @@ def memory_bars(devices: list[str], predicted: list[float], measured: list[float
     if title:
         ax.set_title(title)
     return ax
+
+
+#: colours of the memory categories (pipesim.simulator.MEMORY_CATEGORIES)
+CATEGORY_COLOURS = {"parameters": "#8C8C8C", "gradients": "#C44E52", "activations": "#4C72B0",
+                    "received": "#8172B3", "temporaries": "#DD8452"}
+
+
+def _steps(times: np.ndarray, t: np.ndarray, level: np.ndarray) -> np.ndarray:
+    """A step function (levels after each change at ``t``) read at ``times``."""
+    at = np.searchsorted(t, times, side="right") - 1
+    return np.where(at >= 0, level[np.clip(at, 0, None)], 0.0)
+
+
+def memory_stack(predicted: Trace, device: str, ax: Axes | None = None, *,
+                 measured: Trace | None = None, measured_device: str | None = None,
+                 share_of_iteration: bool = False, title: str | None = None) -> Axes:
+    """One device's predicted memory stacked by category (parameters, gradients,
+    activations, received buffers, temporaries), with the measured total over it.
+
+    ``share_of_iteration`` puts both on a 0..1 time axis (a tracked measured iteration
+    runs slower than the timed ones, so absolute times do not line up).
+    """
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(10, 3.5))
+    split = predicted.memory_by_category
+    if split is None or split.empty:
+        ax.text(0.5, 0.5, "no memory by category", ha="center", transform=ax.transAxes)
+        return ax
+    part = split[split.device == device]
+    times = np.unique(part.time.to_numpy())
+    t0, span = times.min(), max(times.max() - times.min(), 1e-12)
+    x = (times - t0) / span if share_of_iteration else (times - t0) * 1e3
+    layers, labels, colours = [], [], []
+    for category, colour in CATEGORY_COLOURS.items():
+        rows = part[part.category == category].sort_values("time", kind="stable")
+        if rows.empty:
+            continue
+        layers.append(_steps(times, rows.time.to_numpy(), rows.bytes.to_numpy()) / 2**20)
+        labels.append(category)
+        colours.append(colour)
+    ax.stackplot(x, layers, labels=labels, colors=colours, step="post", alpha=0.85)
+    if measured is not None:
+        mem = measured.memory[measured.memory.device == (measured_device or device)]
+        mem = mem.sort_values("time")
+        if not mem.empty:
+            mt = mem.time.to_numpy()
+            m0, mspan = mt.min(), max(mt.max() - mt.min(), 1e-12)
+            mx = (mt - m0) / mspan if share_of_iteration else (mt - m0) * 1e3
+            ax.step(mx, mem.bytes / 2**20, where="post", color="black", lw=1.2,
+                    label="measured (total)")
+    ax.set_xlabel("time (share of the iteration)" if share_of_iteration else "time (ms)")
+    ax.set_ylabel("allocated (MiB)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    if title:
+        ax.set_title(title)
+    return ax

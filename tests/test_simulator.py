@@ -484,3 +484,25 @@ def test_an_action_waits_for_every_input_that_is_still_on_the_wire():
     arrivals = a[a.kind.isin(["SEND_B", "SEND_SB"])].groupby("microbatch")["end"].max()
     for r in a[(a.kind == "B") & (a.stage == 0)].itertuples():
         assert r.start >= arrivals[r.microbatch] - 1e-12
+
+
+def test_memory_stack_draws_each_category_under_the_measured_total():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from pipesim.plot import memory_stack
+
+    prof = uniform_profile(4, fwd_s=1.0, bwd_s=2.0)
+    plan = Plan([2, 2], 4, 4, checkpoint="never")
+    predicted = simulate(prof, plan)
+    fig, ax = plt.subplots()
+    memory_stack(predicted, "dev0", ax, measured=predicted, share_of_iteration=True)
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    # (the first stage of a synthetic profile has no temporaries: no transients profiled)
+    assert labels == ["parameters", "gradients", "activations", "received", "measured (total)"]
+    # the top of the stack is the total
+    top = max(collection.get_paths()[0].vertices[:, 1].max() for collection in ax.collections)
+    assert top * 2**20 == pytest.approx(metrics(predicted).peak_memory_bytes["dev0"])
+    plt.close(fig)
