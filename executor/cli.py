@@ -219,7 +219,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     paths = write_outputs(result.trace, out, "measured", f"measured: {plan.label()}")
     if profile is not None:
         from pipesim.compare import compare
-        from pipesim.plot import gantt_pair
+        from pipesim.plot import gantt_pair, memory_pair
         from pipesim.simulator import simulate
 
         cluster = load_cluster(args.cluster, plan.n_devices)
@@ -228,6 +228,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         cmp = compare(predicted, result.trace)
         print(f"compare   {cmp.summary()}")
         gantt_pair(predicted, result.trace, plan.label()).savefig(out / "compare.png", dpi=110)
+        memory_pair(predicted, result.trace, plan.label()).savefig(out / "compare_memory.png",
+                                                                   dpi=110)
     print(f"wrote {paths['png']}, {paths['chrome']} and the trace CSVs in {out}")
     return 0
 

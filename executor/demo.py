@@ -27,7 +27,7 @@ from pipesim.cli import write_outputs
 from pipesim.cluster import Cluster
 from pipesim.compare import compare
 from pipesim.plan import Plan
-from pipesim.plot import gantt_pair
+from pipesim.plot import gantt_pair, memory_pair
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 from pipesim.tune import tune
@@ -79,6 +79,8 @@ def main(args: argparse.Namespace) -> int:
     write_outputs(predicted, out, "simulated", f"predicted: {best.label()}")
     cmp = compare(predicted, measured.trace)
     gantt_pair(predicted, measured.trace, best.label()).savefig(out / "compare.png", dpi=110)
+    memory_pair(predicted, measured.trace, best.label()).savefig(out / "compare_memory.png",
+                                                                 dpi=110)
     print(f"    {cmp.summary()}")
     times = np.array(metrics(measured.trace).iteration_times_s)
     lo, hi = np.percentile(times, [25, 75])

@@ -281,7 +281,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     matplotlib.use("Agg")
     from pipesim.compare import compare
-    from pipesim.plot import gantt_pair
+    from pipesim.plot import gantt_pair, memory_pair
     from pipesim.trace import Trace
 
     try:
@@ -297,9 +297,10 @@ def cmd_compare(args: argparse.Namespace) -> int:
     result.iteration.to_csv(out / "compare_iteration.csv", index=False)
     fig = gantt_pair(predicted, measured)
     fig.savefig(out / "compare.png", dpi=110)
+    memory_pair(predicted, measured).savefig(out / "compare_memory.png", dpi=110)
     print(result.iteration.round(6).to_string(index=False))
     print(result.summary())
-    print(f"wrote compare_*.csv and compare.png in {out}")
+    print(f"wrote compare_*.csv, compare.png and compare_memory.png in {out}")
     return 0
 
 

@@ -270,3 +270,27 @@ def memory_stack(predicted: Trace, device: str, ax: Axes | None = None, *,
     if title:
         ax.set_title(title)
     return ax
+
+
+def memory_pair(predicted: Trace, measured: Trace | None = None, title: str | None = None):
+    """One chart per device: the predicted memory stacked by category, the measured total
+    over it (devices paired in sorted order of their names when both traces have as many;
+    time as a share of the iteration, since a tracked measured iteration runs slower).
+    Returns the matplotlib Figure."""
+    import matplotlib.pyplot as plt
+
+    devices = sorted(predicted.memory_by_category.device.unique()
+                     if predicted.memory_by_category is not None else [])
+    others = sorted(measured.memory.device.unique()) if measured is not None else []
+    paired = dict(zip(devices, others, strict=True)) if len(others) == len(devices) else {}
+    fig, axes = plt.subplots(max(len(devices), 1), 1, figsize=(11, 2.6 * max(len(devices), 1)),
+                             squeeze=False)
+    for ax, device in zip(axes[:, 0], devices, strict=False):
+        memory_stack(predicted, device, ax, measured=measured if device in paired else None,
+                     measured_device=paired.get(device), share_of_iteration=True,
+                     title=f"device {device}" + (f" (measured: {paired[device]})"
+                                                 if device in paired else ""))
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig

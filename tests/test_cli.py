@@ -120,8 +120,11 @@ def test_run_with_profile_compares(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "measured  iteration" in text and "compare   iteration" in text
     assert (out / "compare.png").exists() and (out / "measured_actions.csv").exists()
+    assert (out / "compare_memory.png").exists()  # predicted by category, measured total
+    assert (out / "simulated_memory_by_category.csv").exists()
     assert main(["compare", str(out), str(out), "--out", str(tmp_path / "cmp")]) == 0
     assert (tmp_path / "cmp" / "compare_actions.csv").exists()
+    assert (tmp_path / "cmp" / "compare_memory.png").exists()
 
 
 @pytest.mark.slow
