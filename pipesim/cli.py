@@ -159,13 +159,16 @@ def write_outputs(trace, out: Path, prefix: str, title: str) -> dict[str, Path]:
     m = metrics(trace)
     paths = {"metrics": out / f"{prefix}_metrics.json"}
     paths["metrics"].write_text(json.dumps(m.to_dict(), indent=2))
+    # several stages a device (interleaved, V): a row per device shows what it runs
+    placement = (trace.meta.get("plan") or {}).get("placement") or []
+    by = "device" if len(set(placement)) < len(placement) else "stage"
     if trace.memory.empty:  # no memory panel without a memory timeline
         fig, ax = plt.subplots(1, 1, figsize=(12, 4.5))
-        gantt(trace, ax, title=title)
+        gantt(trace, ax, by=by, title=title)
     else:  # one time axis for both (a measured memory timeline has its own iteration)
         fig, axes = plt.subplots(2, 1, figsize=(12, 7.5), gridspec_kw={"height_ratios": [2, 1]},
                                  sharex=trace.meta.get("source") == "simulated")
-        gantt(trace, axes[0], title=title)
+        gantt(trace, axes[0], by=by, title=title)
         memory_chart(trace, axes[1], title=None if trace.meta.get("source") == "simulated" else
                      "memory (one extra, tracked iteration: its own time axis)")
     fig.tight_layout()
