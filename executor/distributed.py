@@ -31,7 +31,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
-from executor.memtrack import Timeline, Tracker, granularity_of, held_tensors, warm_up
+from executor.memtrack import (
+    Timeline,
+    Tracker,
+    classifier,
+    granularity_of,
+    held_tensors,
+    warm_up,
+)
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import (
@@ -47,7 +54,14 @@ from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
-from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import (
+    CATEGORY_COLUMNS,
+    COMPUTE_KINDS,
+    MEASURED_COLUMNS,
+    MEMORY_COLUMNS,
+    Trace,
+    frame_from_rows,
+)
 
 #: A picklable builder run in every rank: returns (model, loss_fn, inputs, targets).
 Job = Callable[[], tuple[nn.Sequential, Callable, torch.Tensor, torch.Tensor]]
@@ -68,6 +82,8 @@ class RankResult:
     peak_memory_bytes: int = 0  # CUDA allocator peak, or the tracker's on CPU
     #: the tracked iteration's memory: (seconds from its origin, bytes), executor.memtrack
     memory: list[tuple[float, int]] = field(default_factory=list)
+    #: the same by category: (seconds from its origin, category, bytes)
+    memory_by_category: list[tuple[float, str, int]] = field(default_factory=list)
 
 
 def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
@@ -171,6 +187,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             if device.type == "cuda":
                 peak = max(peak, int(torch.cuda.max_memory_allocated(device)))
     memory: list[tuple[float, int]] = []
+    by_category: list[tuple[float, str, int]] = []
     if track_memory:
         # one more iteration, every tensor tracked (slower: kept out of the timed ones)
         for stage in mine.values():
@@ -191,6 +208,10 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         transport.log.clear()
         commit_deferred_batch_norm(module)
         memory = [(t - t0, level) for t, _, level in timeline.rows]
+        spans = {"rank": [(t0 + r[5], t0 + r[6]) for r in runner.recorder.rows(0)
+                          if r[4] in COMPUTE_KINDS]}
+        by_category = [(t - t0, category, level) for t, _, category, level in
+                       timeline.by_category(classifier(mine.values(), spans))]
         if device.type != "cuda":
             peak = timeline.peak["rank"]
         timeline.forget()
@@ -202,7 +223,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
     return RankResult(rank, rows, losses, grads, walls, peak_memory_bytes=peak, messages=messages,
-                      memory=memory)
+                      memory=memory, memory_by_category=by_category)
 
 
 _SEND_KIND = {"F": "SEND_F", "B": "SEND_B", "S": "SEND_S", "SB": "SEND_SB"}
@@ -346,10 +367,13 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
         peaks = {f"rank{r}": ranks[r].peak_memory_bytes for r in ranks} if track_memory else None
         memory = frame_from_rows([(0, f"rank{r}", t, b) for r in sorted(ranks)
                                   for t, b in ranks[r].memory], MEMORY_COLUMNS)
+        by_category = frame_from_rows([(0, f"rank{r}", c, t, b) for r in sorted(ranks)
+                                       for t, c, b in ranks[r].memory_by_category],
+                                      CATEGORY_COLUMNS) if track_memory else None
         meta = measured_meta(plan, schedule, "torch.distributed/gloo",
                              {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
                              peaks, TRACKED, memory_counted=TRACKED_COUNTS,
                              threads_per_rank=threads_per_rank, pinned=pin_cores)
-        out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), memory, meta),
-                              losses), ranks))
+        out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), memory, meta,
+                                    by_category), losses), ranks))
     return out

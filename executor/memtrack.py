@@ -22,6 +22,7 @@ that kernels take outside torch tensors (cuBLAS workspaces, oneDNN scratch).
 
 from __future__ import annotations
 
+import bisect
 import functools
 import threading
 import time
@@ -48,16 +49,21 @@ class Timeline:
     def __init__(self, granularity: int = 1):
         self.granularity = granularity
         self._lock = threading.Lock()
-        self._live: dict[int, tuple[str, int, weakref.ref]] = {}  # storage id -> device, bytes
+        # storage id -> device, bytes, its reference, when it was counted
+        self._live: dict[int, tuple[str, int, weakref.ref, float]] = {}
         self.level: dict[str, int] = defaultdict(int)
         self.peak: dict[str, int] = defaultdict(int)
         self.rows: list[tuple[float, str, int]] = []
+        #: storages that went: (storage id, device, bytes, counted at, freed at)
+        self.lives: list[tuple[int, str, int, float, float]] = []
 
-    def _change(self, device: str, delta: int) -> None:
+    def _change(self, device: str, delta: int) -> float:
         self.level[device] += delta
         if self.level[device] > self.peak[device]:
             self.peak[device] = self.level[device]
-        self.rows.append((time.perf_counter(), device, self.level[device]))
+        now = time.perf_counter()
+        self.rows.append((now, device, self.level[device]))
+        return now
 
     def add(self, device: str, storage: torch.UntypedStorage) -> None:
         """Count ``storage`` on ``device`` until it is freed (once, however often added)."""
@@ -67,8 +73,7 @@ class Timeline:
                 return
             n = _round(storage.nbytes(), self.granularity)
             ref = weakref.ref(storage, functools.partial(self._dropped, key))
-            self._live[key] = (device, n, ref)
-            self._change(device, n)
+            self._live[key] = (device, n, ref, self._change(device, n))
 
     def _dropped(self, key: int, _ref: weakref.ref) -> None:
         self._free(key)
@@ -77,12 +82,33 @@ class Timeline:
         with self._lock:
             entry = self._live.pop(key, None)
             if entry is not None:
-                self._change(entry[0], -entry[1])
+                device, n, _, born = entry
+                self.lives.append((key, device, n, born, self._change(device, -n)))
 
     def add_existing(self, device: str, tensors: Iterable[torch.Tensor]) -> None:
         """Count tensors that exist before the tracked work (parameters, gradients)."""
         for t in tensors:
             self.add(device, t.untyped_storage())
+
+    def by_category(self, classify) -> list[tuple[float, str, str, int]]:
+        """Levels ``(seconds, device, category, bytes)`` after each change, where
+        ``classify(storage id, device, counted at, freed at or None)`` names each storage's
+        category (call before :meth:`forget`, while the live storages are known)."""
+        with self._lock:
+            lives = self.lives + [(k, d, n, born, None) for k, (d, n, _, born) in self._live.items()]
+        events = []
+        for key, device, n, born, freed in lives:
+            category = classify(key, device, born, freed)
+            events.append((born, 1, device, category, n))
+            if freed is not None:
+                events.append((freed, 0, device, category, -n))  # frees first at one instant
+        events.sort(key=lambda e: (e[0], e[1]))
+        level: dict[tuple[str, str], int] = defaultdict(int)
+        out = []
+        for t, _, device, category, delta in events:
+            level[(device, category)] += delta
+            out.append((t, device, category, level[(device, category)]))
+        return out
 
     def forget(self) -> None:
         """Stop counting: later frees change nothing (call before dropping the timeline)."""
@@ -127,6 +153,37 @@ def warm_up(device: torch.device) -> None:
         x = torch.ones(2, 2, device=device, requires_grad=True)
         (x * x).sum().backward()
     timeline.forget()
+
+
+#: what a tracked storage holds, as pipesim's simulator sorts it (pipesim.simulator)
+MEASURED_CATEGORIES = ("parameters", "gradients", "activations", "temporaries")
+
+
+def classifier(modules: Iterable[torch.nn.Module], actions: dict[str, list[tuple[float, float]]]):
+    """A ``classify`` for :meth:`Timeline.by_category`, after a step of ``modules``:
+    parameters and buffers; the weight gradients they hold now; temporaries, born and gone
+    inside one action of their device (``actions[device]``: (start, end) seconds, the
+    timeline's clock); and activations, everything else (saved for backward, received,
+    sent: tensors that outlive the action that made them)."""
+    params: set[int] = set()
+    grads: set[int] = set()
+    for m in modules:
+        params |= {t.untyped_storage()._cdata for t in [*m.parameters(), *m.buffers()]}
+        grads |= {p.grad.untyped_storage()._cdata for p in m.parameters() if p.grad is not None}
+    spans = {device: sorted(s) for device, s in actions.items()}
+    starts = {device: [a for a, _ in s] for device, s in spans.items()}
+
+    def classify(key: int, device: str, born: float, freed: float | None) -> str:
+        if key in params:
+            return "parameters"
+        if key in grads:
+            return "gradients"
+        i = bisect.bisect_right(starts.get(device, []), born) - 1  # the action it was born in
+        if freed is not None and i >= 0 and freed <= spans[device][i][1]:
+            return "temporaries"
+        return "activations"
+
+    return classify
 
 
 def granularity_of(device: torch.device) -> int:

@@ -20,6 +20,7 @@ import functools
 import statistics
 import threading
 import time
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,14 @@ from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
 from executor.cuda_peaks import CUDA_PEAK_COUNTS, cuda_peaks, plan_bytes, reset_cuda_peaks
-from executor.memtrack import Timeline, Tracker, granularity_of, held_tensors, warm_up
+from executor.memtrack import (
+    Timeline,
+    Tracker,
+    classifier,
+    granularity_of,
+    held_tensors,
+    warm_up,
+)
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.recorder import Recorder, shift_rows
@@ -41,7 +49,14 @@ from executor.workers import WorkerPool
 from pipesim.errors import PlanError
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
-from pipesim.trace import MEASURED_COLUMNS, MEMORY_COLUMNS, Trace, frame_from_rows
+from pipesim.trace import (
+    CATEGORY_COLUMNS,
+    COMPUTE_KINDS,
+    MEASURED_COLUMNS,
+    MEMORY_COLUMNS,
+    Trace,
+    frame_from_rows,
+)
 
 #: the memory source and what it counts, for a measured trace's metadata
 TRACKED = "executor.memtrack (every tensor torch allocates; one extra, tracked iteration)"
@@ -53,6 +68,15 @@ def timeline_frame(timeline: Timeline, origin: float, iteration: int = 0) -> pd.
     """A tracker's timeline as a Trace memory frame (times from ``origin``, seconds)."""
     rows = [(iteration, device, t - origin, level) for t, device, level in timeline.rows]
     return frame_from_rows(rows, MEMORY_COLUMNS)
+
+
+def category_frame(timeline: Timeline, origin: float, classify, iteration: int = 0
+                   ) -> pd.DataFrame:
+    """The timeline by category (:func:`executor.memtrack.classifier`) as a Trace's
+    ``memory_by_category`` frame (times from ``origin``, seconds)."""
+    rows = [(iteration, device, category, t - origin, level)
+            for t, device, category, level in timeline.by_category(classify)]
+    return frame_from_rows(rows, CATEGORY_COLUMNS)
 
 
 @dataclass
@@ -166,8 +190,8 @@ class Pipeline:
                 if self.schedule.placement[s] == worker}
 
     def step(self, inputs: torch.Tensor, targets: torch.Tensor, *, iteration: int = 0,
-             fail_at: tuple[int, str] | None = None,
-             timeline: Timeline | None = None) -> tuple[list[tuple], float, dict[str, int]]:
+             fail_at: tuple[int, str] | None = None, timeline: Timeline | None = None,
+             origin: float | None = None) -> tuple[list[tuple], float, dict[str, int]]:
         """One iteration (gradients accumulate into ``.grad``; clear them yourself).
 
         Returns the trace rows, the batch's mean loss, and peak bytes per CUDA device
@@ -185,7 +209,7 @@ class Pipeline:
         own = plan_bytes({d: [self.stages[s] for s in range(self.plan.n_stages)
                               if self.devices[self.schedule.placement[s]] == d] for d in set(cuda)})
         base = reset_cuda_peaks(self.devices)
-        origin = time.perf_counter()
+        origin = time.perf_counter() if origin is None else origin  # rows count from it
         recorders = []
         for w, dev in enumerate(self.devices):
             rec = Recorder(w, dev, origin=origin)
@@ -279,7 +303,7 @@ class Pipeline:
             for d, p in it_peaks.items():
                 peaks[d] = max(peaks.get(d, 0), p)
         actions = frame_from_rows(rows, MEASURED_COLUMNS)
-        memory = None
+        memory = by_category = None
         extra: dict = {}
         if self.track_memory:
             self.module.zero_grad(set_to_none=True)
@@ -288,8 +312,14 @@ class Pipeline:
             if memory_snapshot is not None:
                 torch.cuda.memory._record_memory_history(max_entries=200_000)
             origin = time.perf_counter()
-            self.step(inputs, targets, iteration=0, timeline=timeline)
+            tracked, _, _ = self.step(inputs, targets, iteration=0, timeline=timeline,
+                                      origin=origin)
             memory = timeline_frame(timeline, origin)
+            spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            for row in tracked:
+                if row[4] in COMPUTE_KINDS:
+                    spans[f"dev{row[1]}"].append((origin + row[5], origin + row[6]))
+            by_category = category_frame(timeline, origin, classifier(self.stages, spans))
             timeline.forget()
             if memory_snapshot is not None:
                 Path(memory_snapshot).parent.mkdir(parents=True, exist_ok=True)
@@ -307,4 +337,4 @@ class Pipeline:
                              else TRACKED, memory_counted=CUDA_PEAK_COUNTS if on_cuda else
                              TRACKED_COUNTS, **extra)
         return RunResult(Trace(actions, memory if memory is not None else
-                               frame_from_rows([], MEMORY_COLUMNS), meta), losses)
+                               frame_from_rows([], MEMORY_COLUMNS), meta, by_category), losses)

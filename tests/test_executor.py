@@ -12,6 +12,7 @@ from torch import nn
 from executor.distributed import RankFailed, spawn, spawn_plans
 from executor.gpipe import GPipe
 from executor.models import builtin_job
+from executor.partition import split_module
 from executor.pipeline import Pipeline
 from executor.stage import ActionFailed
 from pipesim import PlanError
@@ -417,7 +418,6 @@ def _torch_runtime_rank(rank: int, port: int, schedule_name: str, out) -> None:
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage
 
-    from executor.partition import split_module
     from executor.torch_schedules import to_torch_runtime
 
     try:
@@ -481,3 +481,30 @@ def test_torchs_runtime_runs_pipesims_schedule_from_csv(schedule_name):
     assert set(grads) == set(ref_grads)
     for name, g in grads.items():
         assert torch.allclose(torch.from_numpy(g), ref_grads[name], rtol=1e-10, atol=1e-12), name
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "zb-h1"])
+def test_measured_memory_is_sorted_into_categories(schedule):
+    """The tracked iteration says what each byte held: parameters, weight gradients,
+    activations (outliving the action that made them) and temporaries (born and gone
+    inside one action); the categories add up to the measured total."""
+    module, loss_fn, x, y = builtin_job("gpt", 8, **GPT)
+    plan = Plan([2, 2], 4, 8, checkpoint="except_last", schedule=schedule)
+    trace = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0).trace
+    split = trace.memory_by_category
+    assert split is not None and set(split.category) == {"parameters", "gradients",
+                                                          "activations", "temporaries"}
+    last = split.groupby(["device", "category"]).bytes.last()
+    stages = split_module(module, plan.balance)
+    for w in range(2):
+        params = sum(t.untyped_storage().nbytes() for t in [*stages[w].parameters(),
+                                                           *stages[w].buffers()])
+        assert last[(f"dev{w}", "parameters")] == params
+        assert last[(f"dev{w}", "gradients")] == sum(p.grad.untyped_storage().nbytes()
+                                                     for p in stages[w].parameters())
+        assert last[(f"dev{w}", "activations")] == 0 and last[(f"dev{w}", "temporaries")] == 0
+        total = trace.memory[trace.memory.device == f"dev{w}"].bytes
+        assert last[f"dev{w}"].sum() == total.iloc[-1]
+        peak_parts = split[split.device == f"dev{w}"].groupby("category").bytes.max()
+        assert peak_parts["temporaries"] > 0 and peak_parts["activations"] > 0
+        assert peak_parts.sum() >= total.max()  # the parts' peaks bound the total's
