@@ -174,9 +174,11 @@ def classifier(modules: Iterable[torch.nn.Module], actions: dict[str, list[tuple
     starts = {device: [a for a, _ in s] for device, s in spans.items()}
 
     def classify(key: int, device: str, born: float, freed: float | None) -> str:
-        if key in params:
+        # (parameters and gradients are alive at the end; a storage freed earlier whose id
+        # they reuse -- an id is an address -- is something else)
+        if freed is None and key in params:
             return "parameters"
-        if key in grads:
+        if freed is None and key in grads:
             return "gradients"
         i = bisect.bisect_right(starts.get(device, []), born) - 1  # the action it was born in
         if freed is not None and i >= 0 and freed <= spans[device][i][1]:

@@ -229,7 +229,9 @@ def memory_stack(predicted: Trace, device: str, ax: Axes | None = None, *,
                  measured: Trace | None = None, measured_device: str | None = None,
                  share_of_iteration: bool = False, title: str | None = None) -> Axes:
     """One device's predicted memory stacked by category (parameters, gradients,
-    activations, received buffers, temporaries), with the measured total over it.
+    activations, received buffers, temporaries), with the measured total over it and,
+    where the measured trace has them, the measured categories' boundaries (parameters;
+    + gradients; + activations, received buffers included; the rest is temporaries).
 
     ``share_of_iteration`` puts both on a 0..1 time axis (a tracked measured iteration
     runs slower than the timed ones, so absolute times do not line up).
@@ -256,14 +258,31 @@ def memory_stack(predicted: Trace, device: str, ax: Axes | None = None, *,
         colours.append(colour)
     ax.stackplot(x, layers, labels=labels, colors=colours, step="post", alpha=0.85)
     if measured is not None:
-        mem = measured.memory[measured.memory.device == (measured_device or device)]
-        mem = mem.sort_values("time")
+        name = measured_device or device
+        mem = measured.memory[measured.memory.device == name].sort_values("time")
         if not mem.empty:
             mt = mem.time.to_numpy()
             m0, mspan = mt.min(), max(mt.max() - mt.min(), 1e-12)
-            mx = (mt - m0) / mspan if share_of_iteration else (mt - m0) * 1e3
-            ax.step(mx, mem.bytes / 2**20, where="post", color="black", lw=1.2,
+
+            def scaled(t: np.ndarray) -> np.ndarray:
+                return (t - m0) / mspan if share_of_iteration else (t - m0) * 1e3
+
+            ax.step(scaled(mt), mem.bytes / 2**20, where="post", color="black", lw=1.2,
                     label="measured (total)")
+            split_m = measured.memory_by_category
+            if split_m is not None and not split_m.empty:
+                # the measured boundaries between categories, to hold against the stack's
+                part_m = split_m[split_m.device == name]
+                mtimes = np.unique(part_m.time.to_numpy())
+                below = np.zeros(len(mtimes))
+                for category, style in (("parameters", ":"), ("gradients", "--"),
+                                        ("activations", "-.")):
+                    rows = part_m[part_m.category == category].sort_values("time", kind="stable")
+                    if rows.empty:
+                        continue
+                    below = below + _steps(mtimes, rows.time.to_numpy(), rows.bytes.to_numpy())
+                    ax.step(scaled(mtimes), below / 2**20, where="post", color="black", lw=0.8,
+                            ls=style, label=f"measured up to {category}")
     ax.set_xlabel("time (share of the iteration)" if share_of_iteration else "time (ms)")
     ax.set_ylabel("allocated (MiB)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)

@@ -501,7 +501,9 @@ def test_memory_stack_draws_each_category_under_the_measured_total():
     memory_stack(predicted, "dev0", ax, measured=predicted, share_of_iteration=True)
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     # (the first stage of a synthetic profile has no temporaries: no transients profiled)
-    assert labels == ["parameters", "gradients", "activations", "received", "measured (total)"]
+    assert labels == ["parameters", "gradients", "activations", "received", "measured (total)",
+                      "measured up to parameters", "measured up to gradients",
+                      "measured up to activations"]
     # the top of the stack is the total
     top = max(collection.get_paths()[0].vertices[:, 1].max() for collection in ax.collections)
     assert top * 2**20 == pytest.approx(metrics(predicted).peak_memory_bytes["dev0"])
