@@ -25,7 +25,7 @@ GPT = dict(vocab=32, d_model=16, n_layers=2, n_heads=2, seq_len=6)  # 4 layers
 BATCH = 10  # 4 chunks make micro-batches of 3, 3, 3, 1: uneven on purpose
 
 PLANS = [("gpipe", [1, 3], 1), ("1f1b", [2, 2], 1), ("interleaved", [1, 1, 1, 1], 2),
-         ("zb-h1", [2, 2], 1), ("zb-h2", [1, 1, 2], 1), ("zbv", [1, 1, 1, 1], 2)]
+         ("zb-h1", [2, 2], 1), ("zb-h2", [1, 3], 1), ("zbv", [1, 1, 1, 1], 2)]
 MODES = ["always", "except_last", "never"]
 
 
@@ -380,7 +380,8 @@ def test_device_speedup_is_measured_within_its_bounds():
 @pytest.mark.parametrize(("name", "v"), [("Interleaved1F1B", 2), ("LoopedBFS", 2), ("GPipe", 1),
                                          ("1F1B", 1), ("InterleavedZeroBubble", 2),
                                          ("ZBVZeroBubble", 2), ("DualPipeV", 2)])
-def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v, mode):
     from executor.torch_schedules import from_torch
     from pipesim.simulator import simulate
     from pipesim.trace import metrics
@@ -390,7 +391,7 @@ def test_torch_schedules_run_with_gradients_equal_unpipelined(name, v):
     schedule = from_torch(name, n_ranks=2, n_microbatches=4, stages_per_rank=v, batch_size=8)
     assert schedule.splits_backward == (name in ("InterleavedZeroBubble", "ZBVZeroBubble",
                                                  "DualPipeV"))
-    plan = Plan([1] * 4 if v == 2 else [2, 2], 4, 8, checkpoint="except_last",
+    plan = Plan([1] * 4 if v == 2 else [2, 2], 4, 8, checkpoint=mode,
                 placement=schedule.placement)
     module, loss_fn, x, y = job()
     Pipeline(module, plan, loss_fn=loss_fn, schedule=schedule).run(x, y, iterations=1, warmup=0)
