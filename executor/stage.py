@@ -110,11 +110,21 @@ class StageRunner:
                                    f"{action}: {type(exc).__name__}: {exc}") from exc
 
     def _prefetch(self, action: Action) -> None:
+        """Post the receives ``action`` will make: its input or gradient, and the skip
+        tensors (or their gradients) it takes straight from another stage.  A large message
+        only streams once its receive is posted, so a late post puts the whole transfer on
+        the critical path."""
         s, kind, m = action
-        if kind == FORWARD and s > 0:
-            self.transport.prefetch(s, "F", m)
-        elif kind in GRADIENT_KINDS and s < self.last:
-            self.transport.prefetch(s, "B", m)
+        if kind == FORWARD:
+            if s > 0:
+                self.transport.prefetch(s, "F", m)
+            for name, src in self.skips_in.get(s, ()):
+                self.transport.prefetch(s, f"S:{name}", m, src_stage=src)
+        elif kind in GRADIENT_KINDS:
+            if s < self.last:
+                self.transport.prefetch(s, "B", m)
+            for name, dst in self.skips_out.get(s, ()):
+                self.transport.prefetch(s, f"SB:{name}", m, src_stage=dst)
 
     def forward(self, s: int, m: int, inputs, targets) -> None:
         if s == 0:

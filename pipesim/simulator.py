@@ -198,7 +198,7 @@ class _Run:
                               TEMPORARIES if gradient else ACTIVATIONS))
         elif send.dst_device and self.sim.track_memory and send.kind == "SEND_B":
             self.deltas.append((send.src_device, end, -send.nbytes, TEMPORARIES))
-        posted = self.sim.cluster.receives_ahead and send.kind in ("SEND_F", "SEND_B")
+        posted = self.sim.cluster.receives_ahead and send.kind in ("SEND_F", "SEND_B", "SEND_S")
         if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB" and not posted:
             # The one memory rule of a transfer, whatever the link (a free link is an
             # instant transfer, not a hand-over): the receiver holds a buffer from the
@@ -519,6 +519,7 @@ class Simulator:
         n, m = self.plan.n_stages, self.plan.n_microbatches
         size = self.plan.micro_batch_sizes[mb]
         waits, sends, alloc_end = list(step.waits), list(step.extra_sends), list(step.alloc_end)
+        recv = step.recv_bytes
         for r, (name, a, b) in enumerate(self.skips):
             nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
             event = 2 * n * m + 2 * m * r
@@ -532,6 +533,7 @@ class Simulator:
                 alloc_end.append((ACTIVATIONS, 0.0 if stashed else nbytes))
             elif step.stage == b and step.kind == FORWARD:
                 waits.append(event)
+                recv += nbytes if cross else 0.0  # its buffer, posted ahead or on arrival
                 alloc_end.append((RECEIVED, -nbytes if cross and not ckpt else 0.0))
             elif step.stage == b:
                 sends.append(self._send(w, b, a, "SEND_SB", nbytes, event + 1))
@@ -545,8 +547,7 @@ class Simulator:
                 elif not keeps and not stashed:
                     alloc_end.append((ACTIVATIONS, -nbytes))
         return step._replace(waits=tuple(waits), extra_sends=tuple(sends),
-                             alloc_end=_parts(*alloc_end),
-                             release=release)
+                             alloc_end=_parts(*alloc_end), release=release, recv_bytes=recv)
 
     def _in_stash(self, name: str, stage: int, size: float, nbytes: float) -> bool:
         """Whether the stashing stage's stash already holds skip ``name``'s tensor."""
