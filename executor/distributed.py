@@ -49,14 +49,13 @@ from executor.pipeline import (
     measured_meta,
     stage_skips,
 )
-from executor.recorder import Recorder, shift_rows
+from executor.recorder import Recorder, compute_spans, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
-    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -208,8 +207,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         transport.log.clear()
         commit_deferred_batch_norm(module)
         memory = [(t - t0, level) for t, _, level in timeline.rows]
-        spans = {"rank": [(t0 + r[5], t0 + r[6]) for r in runner.recorder.rows(0)
-                          if r[4] in COMPUTE_KINDS]}
+        spans = {"rank": compute_spans(runner.recorder.rows(0), t0).get(rank, [])}
         by_category = [(t - t0, category, level) for t, _, category, level in
                        timeline.by_category(classifier(mine.values(), spans))]
         if device.type != "cuda":

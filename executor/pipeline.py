@@ -20,7 +20,6 @@ import functools
 import statistics
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +40,7 @@ from executor.memtrack import (
 )
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.recorder import Recorder, shift_rows
+from executor.recorder import Recorder, compute_spans, shift_rows
 from executor.skip import check_skips
 from executor.stage import ActionFailed, StageRunner
 from executor.transport import PipelineAborted, ThreadTransport
@@ -51,7 +50,6 @@ from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
-    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -315,10 +313,7 @@ class Pipeline:
             tracked, _, _ = self.step(inputs, targets, iteration=0, timeline=timeline,
                                       origin=origin)
             memory = timeline_frame(timeline, origin)
-            spans: dict[str, list[tuple[float, float]]] = defaultdict(list)
-            for row in tracked:
-                if row[4] in COMPUTE_KINDS:
-                    spans[f"dev{row[1]}"].append((origin + row[5], origin + row[6]))
+            spans = {f"dev{w}": s for w, s in compute_spans(tracked, origin).items()}
             by_category = category_frame(timeline, origin, classifier(self.stages, spans))
             timeline.forget()
             if memory_snapshot is not None:

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from pipesim.trace import COMPUTE_KINDS
+
 
 @dataclass
 class Recorder:
@@ -99,3 +101,13 @@ def shift_rows(rows: list[tuple], offset: float) -> list[tuple]:
         hs, he = (r[9], r[10]) if len(r) > 9 else (nan, nan)
         out.append((*r[:5], r[5] + offset, r[6] + offset, *r[7:9], hs + offset, he + offset))
     return out
+
+
+def compute_spans(rows: list[tuple], origin: float) -> dict[int, list[tuple[float, float]]]:
+    """Each worker's compute actions (F, B, I, W; not the recomputation inside a backward)
+    in ``rows`` as ``(start, end)`` on the clock whose zero the rows count from: ``origin``."""
+    spans: dict[int, list[tuple[float, float]]] = {}
+    for row in rows:
+        if row[4] in COMPUTE_KINDS:
+            spans.setdefault(row[1], []).append((origin + row[5], origin + row[6]))
+    return spans

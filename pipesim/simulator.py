@@ -97,15 +97,15 @@ class _Step(NamedTuple):
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
 #: state, weight gradients, activations kept for backward (and recomputed ones), buffers
 #: received from another device, and temporaries (transients, gradients in flight)
-PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES = (
-    "parameters", "gradients", "activations", "received", "temporaries")
-MEMORY_CATEGORIES = (PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES)
-Parts = tuple[tuple[str, float], ...]
+MEMORY_CATEGORIES = ("parameters", "gradients", "activations", "received", "temporaries")
+#: their codes, as memory changes carry them (an index into MEMORY_CATEGORIES)
+PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES = range(len(MEMORY_CATEGORIES))
+Parts = tuple[tuple[int, float], ...]
 
 
-def _parts(*pairs: tuple[str, float]) -> Parts:
-    """``(category, bytes)`` pairs summed per category, zeros dropped."""
-    out: dict[str, float] = {}
+def _parts(*pairs: tuple[int, float]) -> Parts:
+    """``(category code, bytes)`` pairs summed per category, zeros dropped."""
+    out: dict[int, float] = {}
     for category, nbytes in pairs:
         out[category] = out.get(category, 0.0) + nbytes
     return tuple((c, v) for c, v in out.items() if v)
@@ -144,8 +144,8 @@ class _Run:
         self.slots: list[float | simpy.Event | None] = [None] * sim.n_events
         self.link_free: dict[tuple[int, int], float] = defaultdict(float)
         self.rows: list[tuple] = []
-        self.held: list[tuple[str, float, str]] = []  # (device, bytes, category) freed at the end
-        self.deltas: list[tuple[str, float, float, str]] = [
+        self.held: list[tuple[str, float, int]] = []  # (device, bytes, category) freed at the end
+        self.deltas: list[tuple[str, float, float, int]] = [
             (device, 0.0, static, PARAMETERS) for device, static in sim.static_bytes.items()]
         # A resource only where workers share a device: a lone worker is sequential anyway.
         # Serial sharing queues on a SimPy resource; concurrent sharing is processor sharing.
@@ -285,48 +285,45 @@ class _Run:
             self.deltas.append((device, self.env.now, -nbytes, category))
         return self.origin + self.env.now
 
-    def memory_frame(self) -> pd.DataFrame:
-        """Levels ``(iteration, device, time, bytes)`` after each change, in time order.
+    def memory_frames(self) -> tuple[pd.DataFrame, pd.DataFrame]:
+        """Levels after each change, in time order: ``(iteration, device, time, bytes)``,
+        and the same per category (:data:`MEMORY_CATEGORIES`).
 
         Changes at the same instant apply frees first: on one device they are sequential
         (a backward frees its stash before the next action allocates).
         """
         if not self.sim.track_memory or not self.deltas:
-            return frame_from_rows([], MEMORY_COLUMNS)
-        devices, times, deltas, _ = zip(*self.deltas)  # one transposition at C speed
-        names, key, t, level = _levels(devices, times, deltas)
-        return pd.DataFrame({"iteration": self.iteration, "device": names[key],
-                             "time": self.origin + t, "bytes": level}, columns=MEMORY_COLUMNS)
+            return frame_from_rows([], MEMORY_COLUMNS), frame_from_rows([], CATEGORY_COLUMNS)
+        devices, times, deltas, categories = zip(*self.deltas)  # one transposition, C speed
+        names = sorted(set(devices))
+        code = {name: i for i, name in enumerate(names)}
+        dev = np.array([code[d] for d in devices], dtype=np.int64)
+        cat = np.array(categories, dtype=np.int64)
+        t, delta = np.array(times, dtype=float), np.array(deltas, dtype=float)
+        named = np.array(names, dtype=object)
+        key, when, level = _levels(dev, t, delta)
+        memory = pd.DataFrame({"iteration": self.iteration, "device": named[key],
+                               "time": self.origin + when, "bytes": level}, columns=MEMORY_COLUMNS)
+        k = len(MEMORY_CATEGORIES)
+        key, when, level = _levels(dev * k + cat, t, delta)
+        by_category = pd.DataFrame({"iteration": self.iteration, "device": named[key // k],
+                                    "category": np.array(MEMORY_CATEGORIES, dtype=object)[key % k],
+                                    "time": self.origin + when, "bytes": level},
+                                   columns=CATEGORY_COLUMNS)
+        return memory, by_category
 
-    def category_frame(self) -> pd.DataFrame:
-        """Levels per device and category (:data:`MEMORY_CATEGORIES`), as ``memory_frame``."""
-        if not self.sim.track_memory or not self.deltas:
-            return frame_from_rows([], CATEGORY_COLUMNS)
-        devices, times, deltas, categories = zip(*self.deltas)
-        pairs = [f"{d}\0{c}" for d, c in zip(devices, categories, strict=True)]
-        names, key, t, level = _levels(pairs, times, deltas)
-        device, category = zip(*(n.split("\0") for n in names))
-        return pd.DataFrame({"iteration": self.iteration,
-                             "device": np.array(device, dtype=object)[key],
-                             "category": np.array(category, dtype=object)[key],
-                             "time": self.origin + t, "bytes": level}, columns=CATEGORY_COLUMNS)
 
-
-def _levels(keys, times, deltas) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Running sums of ``deltas`` per key in time order (frees first at one instant):
-    ``(key names, key index of each row, times, levels)``."""
-    names = sorted(set(keys))
-    code = {name: i for i, name in enumerate(names)}
-    key = np.array([code[k] for k in keys], dtype=np.int64)
-    t = np.array(times, dtype=float)
-    delta = np.array(deltas, dtype=float)
+def _levels(key: np.ndarray, t: np.ndarray, delta: np.ndarray
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Running sums of ``delta`` per integer ``key`` in time order (frees first at one
+    instant): ``(key, time, level)`` of each change, sorted by key, then time."""
     order = np.lexsort((delta, t, key))  # by key, then time, frees first
     key, t, delta = key[order], t[order], delta[order]
     level = np.cumsum(delta)
-    starts = np.searchsorted(key, np.arange(len(names)))
-    level -= np.repeat(np.concatenate([[0.0], level[starts[1:] - 1]]),
-                       np.diff(np.append(starts, len(key))))
-    return np.array(names, dtype=object), key, t, level
+    first = np.flatnonzero(np.diff(key, prepend=-1))  # where each key's run starts
+    level -= np.repeat(np.concatenate([[0.0], level[first[1:] - 1]]),
+                       np.diff(np.append(first, len(key))))
+    return key, t, level
 
 
 class Simulator:
@@ -585,13 +582,15 @@ class Simulator:
             run = _Run(self, it, origin, rng)
             origin = run.run()
             rows += run.rows
-            memories.append(run.memory_frame())
-            if self.track_memory:
-                categories.append(run.category_frame())
+            memory, by_category = run.memory_frames()
+            memories.append(memory)
+            categories.append(by_category)
         actions = frame_from_rows(rows, ACTION_COLUMNS)
         memory = memories[0] if len(memories) == 1 else pd.concat(memories, ignore_index=True)
-        by_category = (pd.concat(categories, ignore_index=True) if len(categories) > 1
-                       else categories[0] if categories else None)
+        by_category = None
+        if self.track_memory:
+            by_category = (categories[0] if len(categories) == 1
+                           else pd.concat(categories, ignore_index=True))
         meta = {
             "source": "simulated",
             "batch_size": self.plan.batch_size,

@@ -49,6 +49,8 @@ def check_schedule(schedule: Schedule) -> None:
     if len(schedule.placement) != n:
         raise ScheduleError(f"placement has {len(schedule.placement)} entries for {n} stages")
     seen: dict[Action, int] = {}
+    bit = {FORWARD: 1, BACKWARD: 2, INPUT_GRAD: 4, WEIGHT_GRAD: 8}
+    cells = [0] * (n * m)  # the kinds each (stage, micro-batch) has, as bits
     for device, actions in enumerate(schedule.order):
         for a in actions:
             if not (0 <= a.stage < n and 0 <= a.microbatch < m):
@@ -59,20 +61,21 @@ def check_schedule(schedule: Schedule) -> None:
                 raise ScheduleError(f"action {a} is on device {device} but stage {a.stage} is "
                                     f"placed on device {schedule.placement[a.stage]}")
             seen[a] = device
+            cells[a.stage * m + a.microbatch] |= bit[a.kind]
     problems = []
-    for s in range(n):
-        for mb in range(m):
-            f, b, i, w = (Action(s, k, mb) in seen
-                          for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD))
-            if not f:
-                problems.append(f"{Action(s, FORWARD, mb)} missing")
-            if b and (i or w):
-                problems.append(f"stage {s} micro-batch {mb} has both B and a split backward")
-            elif not (b or i or w):
-                problems.append(f"{Action(s, BACKWARD, mb)} (or its I and W) missing")
-            elif not b:
-                problems += [f"{Action(s, k, mb)} missing"
-                             for k, there in ((INPUT_GRAD, i), (WEIGHT_GRAD, w)) if not there]
+    for cell in (c for c, kinds in enumerate(cells) if kinds not in (1 | 2, 1 | 4 | 8)):
+        s, mb = divmod(cell, m)
+        f, b, i, w = (bool(cells[cell] & bit[k])
+                      for k in (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD))
+        if not f:
+            problems.append(f"{Action(s, FORWARD, mb)} missing")
+        if b and (i or w):
+            problems.append(f"stage {s} micro-batch {mb} has both B and a split backward")
+        elif not (b or i or w):
+            problems.append(f"{Action(s, BACKWARD, mb)} (or its I and W) missing")
+        elif not b:
+            problems += [f"{Action(s, k, mb)} missing"
+                         for k, there in ((INPUT_GRAD, i), (WEIGHT_GRAD, w)) if not there]
     if problems:
         shown = ", ".join(problems[:8]) + (" ..." if len(problems) > 8 else "")
         raise ScheduleError(f"schedule {schedule.name!r} is incomplete ({len(problems)} "

@@ -143,24 +143,24 @@ def zero_bubble_order(n_stages: int, n_microbatches: int, placement: tuple[int, 
     return order
 
 
-def zb_h1_order(plan: Plan) -> list[list[Action]]:
-    """ZB-H1: one stage a device, 1F1B's memory, W deferred into the gaps."""
+def _one_stage_a_device(plan: Plan, name: str, extra: int) -> list[list[Action]]:
+    """The order for one stage a device with cap ``n - s + extra`` on stage ``s``."""
     n = plan.n_stages
     if plan.stage_devices != tuple(range(n)):
-        raise PlanError(f"zb-h1 runs one stage per device, but placement is "
+        raise PlanError(f"{name} runs one stage per device, but placement is "
                         f"{list(plan.stage_devices)}; use 'zbv' for two stages a device")
     return zero_bubble_order(n, plan.n_microbatches, plan.stage_devices,
-                             [n - s for s in range(n)])
+                             [n - s + extra for s in range(n)])
+
+
+def zb_h1_order(plan: Plan) -> list[list[Action]]:
+    """ZB-H1: one stage a device, 1F1B's memory, W deferred into the gaps."""
+    return _one_stage_a_device(plan, "zb-h1", 0)
 
 
 def zb_h2_order(plan: Plan) -> list[list[Action]]:
     """ZB-H2: ZB-H1 with ``n - 1`` more micro-batches in flight a stage: no bubble."""
-    n = plan.n_stages
-    if plan.stage_devices != tuple(range(n)):
-        raise PlanError(f"zb-h2 runs one stage per device, but placement is "
-                        f"{list(plan.stage_devices)}; use 'zbv' for two stages a device")
-    return zero_bubble_order(n, plan.n_microbatches, plan.stage_devices,
-                             [2 * n - 1 - s for s in range(n)])
+    return _one_stage_a_device(plan, "zb-h2", plan.n_stages - 1)
 
 
 def zbv_order(plan: Plan) -> list[list[Action]]:
