@@ -105,7 +105,23 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
     schedule = schedule or build_schedule(plan)
     device = torch.device(device)
     shapes = message_shapes(module, plan, inputs)
-    part = split_module(module, plan.balance)[stage].to(device)
+    part = split_module(module, plan.balance)[stage]
+    # the stage's layers are the caller's: they go back where they were afterwards, so the
+    # next stage's shape pass finds the whole model on one device again
+    home = next((p.device for p in part.parameters()), device)
+    part.to(device)
+    try:
+        return _measure_alone(module, plan, stage, part, schedule, shapes, inputs, targets,
+                              device, loss_fn, iterations)
+    finally:
+        part.zero_grad(set_to_none=True)
+        part.to(home)
+
+
+def _measure_alone(module: nn.Sequential, plan: Plan, stage: int, part: nn.Sequential,
+                   schedule: Schedule, shapes: dict[tuple[int, str, int], Shape],
+                   inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
+                   loss_fn: Callable | None, iterations: int) -> dict[str, int]:
     actions = tuple(a for a in schedule.order[schedule.placement[stage]] if a.stage == stage)
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)

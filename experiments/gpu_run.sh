@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
-# The device commands for issue 6, rerunnable on any machine with a CUDA GPU and 16 cores.
+# The device commands, rerunnable on any machine with a CUDA GPU and 16 cores.
 # The lent GPU machine has torch but no simpy: a wheel in .whl/ is installed first if present.
+#   bash experiments/gpu_run.sh tests           # the in-process gradient tests on cuda:0
 #   bash experiments/gpu_run.sh gpu [--stages 2]  # CUDA profiles + executor grid on cuda:0
-#   bash experiments/gpu_run.sh cpu16   # multi-process executor, 4 and 8 pinned stages
-#   bash experiments/gpu_run.sh bench   # in-process executor vs the unpipelined model on cuda:0
-set -euo pipefail
+#   bash experiments/gpu_run.sh cpu16 [--models mlp,gpt]  # 4 and 8 pinned processes
+#   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
+# Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
+# the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
+# is also packed into $OUT/gpu_results.tgz when the command ends, stopped or not: give the
+# whole command a `timeout` shorter than the machine's limit so that the packing happens.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 if ! python3 -c "import simpy" 2>/dev/null && ls .whl/simpy-*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
@@ -12,13 +17,21 @@ if ! python3 -c "import simpy" 2>/dev/null && ls .whl/simpy-*.whl >/dev/null 2>&
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONUNBUFFERED=1
-OUT_DIR="${OUT:-experiments/results/gpu}"
+RESULTS=experiments/results/gpu
+mkdir -p "$RESULTS"
+pack() { if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_results.tgz" -C experiments/results gpu; fi; }
+trap pack EXIT
 what="${1:-gpu}"
 shift || true
+python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) \
+    if torch.cuda.is_available() else 'no CUDA')" | tee -a "$RESULTS/device_$what.txt"
 case "$what" in
-    gpu)   python3 experiments/gpu_validate.py --out "$OUT_DIR" "$@" ;;
-    bench) python3 experiments/bench_executor_cuda.py "$@" ;;
+    tests) PIPESIM_TEST_DEVICE=cuda:0 python3 -m pytest -q -p no:cacheprovider \
+               tests/test_executor.py -k threads_gradients "$@" 2>&1 | tee -a "$RESULTS/run_tests.log" ;;
+    gpu)   python3 experiments/gpu_validate.py --out "$RESULTS" "$@" 2>&1 \
+               | tee -a "$RESULTS/run_gpu.log" ;;
+    bench) python3 experiments/bench_executor_cuda.py "$@" 2>&1 | tee -a "$RESULTS/run_bench.log" ;;
     cpu16) for n in 4 8; do
                python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
-           done ;;
+           done 2>&1 | tee -a "$RESULTS/run_cpu16.log" ;;
 esac

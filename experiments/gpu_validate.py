@@ -39,7 +39,7 @@ from executor.pipeline import Pipeline
 from executor.profiler import device_name, profile
 from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine
-from experiments.validation import grid, predict_and_measure, summarise
+from experiments.validation import grid, predict_and_measure, save_measured_actions, summarise
 from pipesim.cluster import Cluster
 from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
@@ -95,15 +95,21 @@ def main() -> None:
     ap.add_argument("--out", default=str(RESULTS / "gpu"))
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--stages", default="2,4")
+    ap.add_argument("--stage-memory-only", action="store_true",
+                    help="only step 4, from the profiles a grid run left in --out")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     dev = torch.device(args.device)
     models = QUICK if args.quick else MODELS
+    if args.stage_memory_only:
+        stage_memory(models, args, out)
+        return
     env = {**machine(), "device": args.device, "device_name": device_name(dev),
            "torch": torch.__version__, "cuda": torch.version.cuda}
     print(json.dumps(env), flush=True)
     t_start = time.time()
+    (out / "validation_gpu_actions.csv.gz").unlink(missing_ok=True)
     tables = []
     speedups: dict[str, dict] = {}
     sizes = sorted({max(1, args.batch // c) for c in (1, 2, 4, 8, 16)})
@@ -159,7 +165,8 @@ def main() -> None:
                     return traces
 
                 label = f"{name}/{dtype}/{n_stages}st"
-                table, _ = predict_and_measure(prof, plans, cluster, measure, label)
+                table, traces = predict_and_measure(prof, plans, cluster, measure, label)
+                save_measured_actions(out / "validation_gpu_actions.csv.gz", label, plans, traces)
                 table["peak_pred_bytes"] += batch_bytes
                 table["stages"] = n_stages
                 table["dtype"] = dtype

@@ -40,6 +40,7 @@ from experiments.validation import (
     grid,
     predict_and_measure,
     replay_error,
+    save_measured_actions,
     summarise,
     without_columns,
 )
@@ -88,6 +89,8 @@ def main() -> None:
           f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
           "between actions", flush=True)
     tables, replays = [], []
+    actions_path = results / f"validation_{tag}_actions.csv.gz"
+    actions_path.unlink(missing_ok=True)
     for name in args.models.split(","):
         sizes_of_model = dict(MODELS[name])
         if args.stages > 4:  # enough layers for 8 stages
@@ -114,6 +117,7 @@ def main() -> None:
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
         tables.append(table)
+        save_measured_actions(actions_path, name, plans, traces)
         for plan, trace in list(zip(plans, traces, strict=True))[:: max(1, len(plans) // 6)]:
             replays.append({"model": name, "plan": plan.label(),
                             "replay_error_pct": 100 * replay_error(prof, plan, trace, cluster)})

@@ -8,6 +8,7 @@ simulator.
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from collections.abc import Callable
 
 import numpy as np
@@ -97,6 +98,18 @@ def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
                .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
     return pd.DataFrame(rows), measured
+
+
+def save_measured_actions(path: Path, label: str, plans: list[Plan],
+                          traces: list[Trace]) -> None:
+    """Append every plan's measured actions to one CSV (``path``, gzip when it ends so),
+    keyed by ``model`` and the plan's label: the raw durations behind a grid, kept so the
+    cost model can be studied later without the machine that ran it."""
+    frames = [t.actions.assign(model=label, plan=plan.label())
+              for plan, t in zip(plans, traces, strict=True)]
+    table = pd.concat(frames, ignore_index=True)
+    table.to_csv(path, index=False, mode="a" if path.exists() else "w",
+                 header=not path.exists())
 
 
 def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster) -> float:

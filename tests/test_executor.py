@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import time
 
 import pytest
@@ -27,12 +28,16 @@ BATCH = 10  # 4 chunks make micro-batches of 3, 3, 3, 1: uneven on purpose
 PLANS = [("gpipe", [1, 3], 1), ("1f1b", [2, 2], 1), ("interleaved", [1, 1, 1, 1], 2),
          ("zb-h1", [2, 2], 1), ("zb-h2", [1, 3], 1), ("zbv", [1, 1, 1, 1], 2)]
 MODES = ["always", "except_last", "never"]
+#: where the in-process gradient tests run their stages: CPU here and in CI; a GPU machine
+#: runs the same specification with ``PIPESIM_TEST_DEVICE=cuda:0`` (experiments/gpu_run.sh)
+DEVICE = os.environ.get("PIPESIM_TEST_DEVICE", "cpu")
 
 
-def reference(job):
-    """Loss and gradients of the unpipelined model (float64)."""
+def reference(job, device: str = "cpu"):
+    """Loss and gradients of the unpipelined model (float64) on ``device``."""
     module, loss_fn, x, y = job()
-    loss = loss_fn(module(x), y)
+    module.to(device)
+    loss = loss_fn(module(x.to(device)), y.to(device))
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in module.named_parameters()}
 
@@ -48,10 +53,11 @@ def assert_same_grads(module: nn.Module, ref: dict, tol: float = 1e-12):
 @pytest.mark.parametrize("mode", MODES)
 def test_threads_gradients_equal_unpipelined(model, sizes, schedule, balance, v, mode):
     job = functools.partial(builtin_job, model, BATCH, dtype="float64", **sizes)
-    ref_loss, ref_grads = reference(job)
+    ref_loss, ref_grads = reference(job, DEVICE)
     module, loss_fn, x, y = job()
     plan = Plan(balance, 4, BATCH, checkpoint=mode, schedule=schedule, virtual_stages=v)
-    result = Pipeline(module, plan, loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
+    result = Pipeline(module, plan, devices=[DEVICE] * plan.n_devices,
+                      loss_fn=loss_fn).run(x, y, iterations=1, warmup=0)
     assert result.loss == pytest.approx(ref_loss, rel=1e-12)
     assert_same_grads(module, ref_grads)
     m = metrics(result.trace)
