@@ -118,6 +118,9 @@ def main() -> None:
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
         tables.append(table)
         save_measured_actions(actions_path, name, plans, traces)
+        # written as each model finishes: a run cut short keeps its finished grids
+        pd.concat(tables, ignore_index=True).to_csv(results / f"validation_{tag}.csv",
+                                                    index=False)
         for plan, trace in list(zip(plans, traces, strict=True))[:: max(1, len(plans) // 6)]:
             replays.append({"model": name, "plan": plan.label(),
                             "replay_error_pct": 100 * replay_error(prof, plan, trace, cluster)})
