@@ -17,7 +17,6 @@ No step runs the plans being validated: nothing is fitted to validation runs.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
 import statistics
@@ -208,51 +207,6 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
                   track_memory=False) as pipe:
         actions = pipe.run(x, y, iterations=iterations, warmup=3).trace.actions
     return _overheads(actions, prof, plan)
-
-
-def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
-                           device: str = "cuda:0", streams: int = 2,
-                           iterations: int = 20) -> list[float]:
-    """Aggregate speedup of ``k`` streams running ``module``'s forward+backward together on
-    one device, k = 1..streams: the concurrency law of :func:`pipesim.contention.device_law`
-    measured directly (one thread and one stream per replica, as pipesim's workers run),
-    to set against the law a profile implies.  ``speedup[k-1] = k * alone / together``
-    from wall seconds of ``iterations`` steps, clamped to [1, k].
-    """
-    import copy
-    import threading
-
-    from executor.timing import synchronize
-
-    dev = torch.device(device)
-    replicas = [copy.deepcopy(module).to(dev) for _ in range(streams)]
-    xs, ys = x.to(dev), y.to(dev)
-
-    def work(replica: torch.nn.Module, start: threading.Barrier) -> None:
-        stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
-            loss_fn(replica(xs), ys).backward()  # this thread's first step: set-up
-            synchronize(dev)
-            start.wait()
-            for _ in range(iterations):
-                loss_fn(replica(xs), ys).backward()
-            synchronize(dev)
-
-    def wall(k: int) -> float:
-        start = threading.Barrier(k + 1)
-        threads = [threading.Thread(target=work, args=(replicas[i], start), daemon=True)
-                   for i in range(k)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join(timeout=600)
-        return time.perf_counter() - t0
-
-    alone = wall(1)
-    return [min(max(k * alone / wall(k), 1.0), float(k)) for k in range(1, streams + 1)]
 
 
 def _contention_loop(rank: int, barrier, iterations: int, world: int, port: int, out) -> None:

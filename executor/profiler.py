@@ -15,10 +15,14 @@ saved-tensor hooks, each storage counted once, parameters excluded.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import datetime as _dt
 import itertools
 import platform
 import statistics
+import threading
+import time
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -306,7 +310,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             micro_batch_sizes: Sequence[int], device: str | torch.device = "cpu", *,
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
-            checkpointed: bool = True, split: bool = True,
+            checkpointed: bool = True, split: bool = True, streams: int = 0,
             meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
@@ -320,8 +324,11 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     layer inside ``torch.utils.checkpoint`` (the optional ``ckpt_*`` columns; about 1.6x
     the profiling time), since a checkpointed stage pays the checkpoint's hooks, which
     launch-bound layers feel most.  ``split`` also times each backward's input and weight
-    halves (``bwd_input_s``, ``bwd_weight_s``) for the zero-bubble schedules.  Returns a
-    :class:`pipesim.Profile`; ``meta`` adds to its metadata.
+    halves (``bwd_input_s``, ``bwd_weight_s``) for the zero-bubble schedules.  ``streams``
+    (> 1) also measures, at each size, how ``1..streams`` worker threads share the device
+    (:func:`measure_device_speedup`, ``meta["stream_speedup"]``): what the simulator needs
+    for pipeline stages placed on one GPU.  Returns a :class:`pipesim.Profile`; ``meta``
+    adds to its metadata.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -400,7 +407,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                       "--repeats (all listed in the profile's metadata, 'noisy')", stacklevel=2)
     table = pd.DataFrame(rows)
     table = table[list(COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in table.columns]]
-    info = {
+    info: dict[str, Any] = {
         "device": str(device),
         "device_name": device_name(device),
         "dtype": str(dtype or next(model.parameters()).dtype).replace("torch.", ""),
@@ -422,8 +429,62 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
+    if streams > 1:
+        law: dict[str, list[float]] = {}
+        for b in sizes:
+            x0 = inputs[:b].to(device)
+            if dtype is not None and x0.is_floating_point():
+                x0 = x0.to(dtype)
+            law[str(b)] = measure_device_speedup(model, loss_fn or _sum_loss, x0,
+                                                 targets[:b].to(device), device, streams)
+        info["stream_speedup"] = law
     info.update(meta or {})
     return Profile(table=table, meta=info)
+
+
+def _sum_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
+    """A stand-in loss where the model has none: the backward of ``out.sum()``."""
+    return out.float().sum()
+
+
+def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                           device: str | torch.device = "cuda:0", streams: int = 2,
+                           iterations: int = 20) -> list[float]:
+    """Aggregate speedup of ``k`` streams running ``module``'s forward+backward together on
+    one device, k = 1..streams: the concurrency law of :func:`pipesim.contention.device_law`
+    measured directly (one thread and one stream per replica, as pipesim's workers run),
+    to set against the law a profile implies.  ``speedup[k-1] = k * alone / together``
+    from wall seconds of ``iterations`` steps, clamped to [1, k].
+    """
+    dev = torch.device(device)
+    replicas = [copy.deepcopy(module).to(dev) for _ in range(streams)]
+    xs, ys = x.to(dev), y.to(dev)
+
+    def work(replica: torch.nn.Module, start: threading.Barrier) -> None:
+        stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            loss_fn(replica(xs), ys).backward()  # this thread's first step: set-up
+            synchronize(dev)
+            start.wait()
+            for _ in range(iterations):
+                loss_fn(replica(xs), ys).backward()
+            synchronize(dev)
+
+    def wall(k: int) -> float:
+        start = threading.Barrier(k + 1)
+        threads = [threading.Thread(target=work, args=(replicas[i], start), daemon=True)
+                   for i in range(k)]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join(timeout=600)
+        return time.perf_counter() - t0
+
+    alone = wall(1)
+    return [min(max(k * alone / wall(k), 1.0), float(k)) for k in range(1, streams + 1)]
 
 
 def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor],

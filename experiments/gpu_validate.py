@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from executor.calibrate import measure_device_speedup, measure_thread_overhead
+from executor.calibrate import measure_thread_overhead
 from executor.memory import tensor_bytes
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
@@ -123,18 +123,21 @@ def main() -> None:
         for dtype in args.dtypes.split(","):
             for name, model_sizes in models.items():
                 module, loss_fn, x, y = builtin_job(name, args.batch, dtype=dtype, **model_sizes)
+                # the concurrency law of streams sharing the device, measured at each size
+                # (streams=...): the prediction uses it; the law the profile's size scaling
+                # implies is written beside it for comparison
                 prof = profile(module, (x, y), sizes, args.device, loss_fn=loss_fn, repeats=10,
-                               warmup=3, progress=False, meta={"model": name})
+                               warmup=3, progress=False, streams=n_stages,
+                               meta={"model": name})
                 prof.save(out / f"profile_{name}_{dtype}.csv")
-                # the concurrency law of streams sharing the device: measured directly,
-                # beside the one the profile's size scaling implies (what predictions use)
-                laws = {}
-                for b in sizes:
-                    plan_b = Plan([len(module)], max(1, args.batch // b), args.batch)
-                    laws[str(b)] = {
-                        "measured": measure_device_speedup(module, loss_fn, x[:b], y[:b],
-                                                           args.device, n_stages),
-                        "from_profile": PlanCosts(prof, plan_b).device_speedup(n_stages)}
+                scaling = dict(prof.meta)
+                scaling.pop("stream_speedup")
+                laws = {str(b): {"measured": prof.stream_speedup(b),
+                                 "from_profile": PlanCosts(
+                                     Profile(prof.table, scaling),
+                                     Plan([len(module)], max(1, args.batch // b), args.batch)
+                                 ).device_speedup(n_stages)}
+                        for b in sizes}
                 speedups[f"{name}/{dtype}/{n_stages}st"] = laws
                 (out / "device_speedup.json").write_text(json.dumps(speedups, indent=1))
                 print(f"device speedup {name}/{dtype}: {laws}", flush=True)
@@ -165,7 +168,10 @@ def main() -> None:
                     return traces
 
                 label = f"{name}/{dtype}/{n_stages}st"
-                table, traces = predict_and_measure(prof, plans, cluster, measure, label)
+                # ablation: the same plans under the law the size scaling implies
+                table, traces = predict_and_measure(
+                    prof, plans, cluster, measure, label,
+                    {"scaling_law": (Profile(prof.table, scaling), cluster)})
                 save_measured_actions(out / "validation_gpu_actions.csv.gz", label, plans, traces)
                 table["peak_pred_bytes"] += batch_bytes
                 table["stages"] = n_stages

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -45,12 +46,25 @@ from pipesim.trace import Trace, metrics
 
 EVIDENCE = ROOT.parent / "shared" / "evidence" / "h100-2026-11-22"
 
-#: variant name -> how it changes the recorded cluster (one mechanism at a time)
-VARIANTS: dict[str, Callable[[Cluster], Cluster]] = {
+Model = tuple[Profile, Cluster]
+
+
+def _without_law(profile: Profile) -> Profile:
+    meta = {k: v for k, v in profile.meta.items() if k != "stream_speedup"}
+    return Profile(profile.table, meta, profile.source)
+
+
+#: variant name -> how it changes the recorded profile and cluster (one mechanism at a
+#: time); None where the mechanism's measurement is missing from that source
+VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     # what the runs were predicted with: workers on one GPU take turns
-    "recorded": lambda c: dataclasses.replace(c, device_sharing="serial"),
+    "recorded": lambda p, c: (_without_law(p), dataclasses.replace(c, device_sharing="serial")),
     # + streams of one GPU run concurrently, law read off the profile's size scaling
-    "concurrent_streams": lambda c: dataclasses.replace(c, device_sharing="concurrent"),
+    "concurrent_streams": lambda p, c: (_without_law(p),
+                                        dataclasses.replace(c, device_sharing="concurrent")),
+    # + the law measured (threads with their own streams, together against alone)
+    "measured_streams": lambda p, c: ((p, dataclasses.replace(c, device_sharing="concurrent"))
+                                      if "stream_speedup" in p.meta else None),
 }
 
 
@@ -64,7 +78,10 @@ def _variants(source: str, model: str, dtype: str, profile: Profile, cluster: Cl
     """One row per model variant for a plan measured in ``source``."""
     rows = []
     for variant, change in VARIANTS.items():
-        it, bubble = _predict(profile, plan, change(cluster))
+        changed = change(profile, cluster)
+        if changed is None:
+            continue
+        it, bubble = _predict(changed[0], plan, changed[1])
         rows.append({"source": source, "model": model, "dtype": dtype, "plan": plan.label(),
                      "variant": variant, "predicted_ms": it * 1e3, "measured_ms": measured_ms,
                      "bubble_pred": bubble, "bubble_meas": bubble_meas})
@@ -95,17 +112,35 @@ def traces(evidence: Path) -> list[dict]:
 
 
 def grid_2stages(evidence: Path) -> list[dict]:
-    """Rows for the 240-plan GPU grid (iteration times only: no traces were kept)."""
-    folder = evidence / "grid_2stages"
+    """Rows for the 240-plan GPU grid of the evidence (iteration times: no traces kept)."""
+    return _gpu_grid("grid_2stages", evidence / "grid_2stages")
+
+
+def grid_gpu_results(_evidence: Path) -> list[dict]:
+    """Rows for the project's latest GPU grid, ``experiments/results/gpu/`` (2026-11-23 on
+    an H100: the same grid, the executor's long-lived workers, measured concurrency law)."""
+    return _gpu_grid("gpu_results", ROOT / "experiments" / "results" / "gpu")
+
+
+def _gpu_grid(source: str, folder: Path) -> list[dict]:
+    """Rows for a ``gpu_validate.py`` grid in ``folder``.  Its profiles carry the measured
+    concurrency law where the run measured it; a run that wrote it only to
+    ``device_speedup.json`` (before profiles carried it) has it put back in the profile."""
     table = pd.read_csv(folder / "validation_gpu.csv")
     cluster = Cluster.load(folder / "calibration_2stages.json")
+    laws_file = folder / "device_speedup.json"
+    laws = json.loads(laws_file.read_text()) if laws_file.exists() else {}
     rows = []
     for (label, dtype), part in table.groupby(["model", "dtype"]):
         model = label.split("/")[0]
         profile = Profile.load(folder / f"profile_{model}_{dtype}.csv")
+        if "stream_speedup" not in profile.meta and label in laws:
+            measured = {size: law["measured"] for size, law in laws[label].items()}
+            profile = Profile(profile.table, {**profile.meta, "stream_speedup": measured},
+                              profile.source)
         for r in part.itertuples():
             plan = _plan(r.balance, r.chunks, r.checkpoint, r.schedule)
-            rows += _variants("grid_2stages", model, dtype, profile, cluster, plan, r.measured_ms,
+            rows += _variants(source, model, dtype, profile, cluster, plan, r.measured_ms,
                               r.bubble_meas)
     return rows
 
@@ -139,11 +174,12 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=EVIDENCE)
-    ap.add_argument("--sources", default="traces,grid_2stages,cpu16")
+    ap.add_argument("--sources", default="traces,grid_2stages,gpu_results,cpu16")
     args = ap.parse_args()
     rows: list[dict] = []
     for source in args.sources.split(","):
-        rows += {"traces": traces, "grid_2stages": grid_2stages, "cpu16": cpu16}[source](args.evidence)
+        rows += {"traces": traces, "grid_2stages": grid_2stages, "gpu_results": grid_gpu_results,
+                 "cpu16": cpu16}[source](args.evidence)
     table = pd.DataFrame(rows)
     summary = summarise(table)
     with pd.option_context("display.width", 160, "display.max_rows", 200):

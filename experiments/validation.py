@@ -8,8 +8,8 @@ simulator.
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pandas as pd

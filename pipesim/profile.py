@@ -51,6 +51,15 @@ Optional columns (profiles without them still load; the simulator then falls bac
 On disk a Profile is ``NAME.csv`` (the table) beside ``NAME.json`` (the metadata), both
 readable without pipesim.  Loading validates everything and fixes nothing.
 
+Workers whose streams share one device run their kernels side by side; how much that
+gains depends on the model's kernels at the micro-batch size.  Where the profiler measured
+it (``executor.profiler.profile(..., streams=k)`` on a GPU), ``meta["stream_speedup"]``
+maps a micro-batch size to ``[1, s_2, ..., s_k]``: ``j`` threads, each with its own stream,
+running the model's forward+backward together finish ``s_j`` times the work of one
+(host issue included: the threads share one interpreter).  :meth:`Profile.stream_speedup`
+reads it; :meth:`pipesim.costs.PlanCosts.device_speedup` prefers it to the law the
+profile's size scaling implies.
+
 Timing layers one at a time costs something a stage does not pay (each layer's own
 autograd call, cold caches between layers): summed, per-layer times exceed the measured
 whole model by a few percent to ~15% on a CPU.  When the metadata holds the whole
@@ -159,6 +168,7 @@ class Profile:
     def __post_init__(self) -> None:
         self.table = validate_table(self.table, self.source)
         self.skip_routes()  # validates the skip metadata, if any
+        self.stream_speedup(1.0)  # and the measured concurrency law, if any
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -407,6 +417,33 @@ class Profile:
             else:
                 cache[key] = (ex_f[lo] * (1 - w) + ex_f[hi] * w, ex_b[lo] * (1 - w) + ex_b[hi] * w)
         return cache[key]
+
+    def stream_speedup(self, micro_batch: float) -> list[float] | None:
+        """The measured concurrency law at ``micro_batch`` (``meta["stream_speedup"]``, see
+        the module doc), linear between measured sizes and the nearest one outside them;
+        None where it was not measured.  Raises ProfileError on a malformed entry."""
+        table = self.meta.get("stream_speedup")
+        if not table:
+            return None
+        try:
+            laws = sorted((float(size), [float(v) for v in law]) for size, law in table.items())
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{self.source}: meta['stream_speedup'] must map a micro-batch "
+                               f"size to a list of speedups, got {table!r}") from exc
+        for size, law in laws:
+            if not law or any(not 1.0 <= v <= k + 1 for k, v in enumerate(law)):
+                raise ProfileError(f"{self.source}: meta['stream_speedup'][{size:g}] = {law}: "
+                                   "each s_k must lie in [1, k]")
+        sizes = [size for size, _ in laws]
+        if micro_batch <= sizes[0]:
+            return laws[0][1]
+        if micro_batch >= sizes[-1]:
+            return laws[-1][1]
+        hi = next(i for i, size in enumerate(sizes) if size >= micro_batch)
+        (a, law_a), (b, law_b) = laws[hi - 1], laws[hi]
+        w = (micro_batch - a) / (b - a)
+        k = min(len(law_a), len(law_b))
+        return [(1 - w) * law_a[i] + w * law_b[i] for i in range(k)]
 
     def skip_routes(self) -> list[tuple[str, int, int]]:
         """Skip connections as ``(name, stashing layer, popping layer)`` (from the metadata)."""

@@ -376,7 +376,7 @@ def test_a_memory_snapshot_is_the_cuda_allocators_and_refused_on_cpu(tmp_path):
 
 
 def test_device_speedup_is_measured_within_its_bounds():
-    from executor.calibrate import measure_device_speedup
+    from executor.profiler import measure_device_speedup
 
     module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
     speedup = measure_device_speedup(module, loss_fn, x, y, device="cpu", streams=2, iterations=5)

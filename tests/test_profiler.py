@@ -8,6 +8,7 @@ from torch import nn
 
 from executor.models import BUILTIN_MODELS, build_model, builtin_job
 from executor.profiler import profile, profile_layer, time_whole_model
+from pipesim.profile import Profile
 
 SMALL = {"mlp": dict(width=32, depth=3, in_features=16),
          "resnet": dict(width=4, blocks=(1, 1), image_size=8),
@@ -91,3 +92,16 @@ def test_profile_measures_host_time_and_checkpoint_costs():
     assert {"ckpt_fwd_s", "ckpt_bwd_s"} <= set(prof.meta["whole_model"]["2"])
     span = prof.span_cost(0, prof.n_layers, 2)
     assert span.ckpt_fwd_extra_s >= 0 and span.ckpt_bwd_extra_s >= 0
+
+
+def test_profile_with_streams_measures_the_concurrency_law_at_each_size(tmp_path):
+    module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
+    prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, split=False, streams=2)
+    law = prof.meta["stream_speedup"]
+    assert set(law) == {"2", "4"}
+    for speedup in law.values():
+        assert speedup[0] == 1.0 and 1.0 <= speedup[1] <= 2.0
+    back = Profile.load(prof.save(tmp_path / "p.csv"))
+    assert back.stream_speedup(3) == pytest.approx(
+        [1.0, (law["2"][1] + law["4"][1]) / 2])

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pipesim.cluster import Cluster, Device, Link
+from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.simulator import Jitter, simulate
@@ -296,6 +297,44 @@ def test_speedup_from_the_profile_reads_the_size_scaling():
     linear = speedup_from_scaling(lambda b: 0.5 * b, 4, 3)  # saturated: time ~ size
     assert linear == [1.0, 1.0, 1.0]
     assert speedup_from_scaling(lambda b: 1 + b, 2, 2) == [1.0, pytest.approx(2 * 3 / 5)]
+
+
+def test_a_measured_stream_law_in_the_profile_replaces_the_scaling_law():
+    # time proportional to size: the size scaling says a second stream gains nothing
+    prof = uniform_profile(2)
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    shared = Cluster([Device(f"w{i}", physical="gpu") for i in range(2)],
+                     device_sharing="concurrent")
+    assert PlanCosts(prof, plan).device_speedup(2) == [1.0, 1.0]
+    in_turn = metrics(simulate(prof, plan, shared)).iteration_time_s
+    assert in_turn == pytest.approx(2 * 2 * (F + B))  # all the work, one action at a time
+    # measured: two streams together do twice the work (small kernels fill each other's gaps)
+    measured = Profile(prof.table, {**prof.meta, "stream_speedup": {"1": [1.0, 2.0]}})
+    assert PlanCosts(measured, plan).device_speedup(2) == [1.0, 2.0]
+    apart = metrics(simulate(prof, plan)).iteration_time_s
+    assert metrics(simulate(measured, plan, shared)).iteration_time_s == pytest.approx(apart)
+    assert apart < in_turn
+    # the cluster's own law, where set, still wins over the profile's
+    fixed = dataclasses.replace(shared, device_speedup=(1.0, 1.0))
+    assert metrics(simulate(measured, plan, fixed)).iteration_time_s == pytest.approx(in_turn)
+
+
+def test_the_stream_law_is_read_between_sizes_and_validated_on_load(tmp_path):
+    from pipesim.errors import ProfileError
+
+    prof = uniform_profile(2)
+    law = Profile(prof.table, {"stream_speedup": {"2": [1.0, 1.2], "8": [1.0, 1.8, 2.4]}})
+    assert law.stream_speedup(1) == [1.0, 1.2]  # below the sizes measured: the nearest
+    assert law.stream_speedup(4) == pytest.approx([1.0, 1.4])  # linear; the streams both have
+    assert law.stream_speedup(32) == [1.0, 1.8, 2.4]
+    assert prof.stream_speedup(4) is None
+    assert PlanCosts(law, Plan([1, 1], 1, 8)).device_speedup(4) == [1.0, 1.8, 2.4, 2.4]
+    back = Profile.load(law.save(tmp_path / "p.csv"))
+    assert back.stream_speedup(8) == [1.0, 1.8, 2.4]
+    with pytest.raises(ProfileError, match=r"stream_speedup.*\[1, k\]"):
+        Profile(prof.table, {"stream_speedup": {"2": [1.0, 2.5]}})
+    with pytest.raises(ProfileError, match="stream_speedup"):
+        Profile(prof.table, {"stream_speedup": {"2": "fast"}})
 
 
 def test_device_sharing_is_validated_and_round_trips(tmp_path):
