@@ -9,7 +9,7 @@ predicts each device's peak from the profile alone.  Printed: median and max |er
 the peak per device, per model and checkpoint mode, and an ablation without the profiled
 transients; a chart of predicted against measured timelines for a few plans.
 
-    python experiments/validate_memory.py [--models mlp,gpt,unet] [--quick]
+    python experiments/validate_memory.py [--models mlp,gpt,unet] [--quick] [--tag T]
 Writes experiments/results/validation_memory_cpu.csv/.json and validation_memory_cpu.png.
 """
 
@@ -72,6 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
+    ap.add_argument("--tag", default="", help="suffix of the results' names (a partial grid)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cluster = Cluster.cpu_processes(DEVICES)
@@ -115,9 +116,10 @@ def main() -> None:
                                             "max_abs": float(g.error_pct.abs().max())}
                                for (m, c), g in table.groupby(["model", "checkpoint"])},
     }
-    write_results("validation_memory_cpu", table, {**machine(), "summary": summary,
+    name = "validation_memory_cpu" + (f"_{args.tag}" if args.tag else "")
+    write_results(name, table, {**machine(), "summary": summary,
                                                    "torch": torch.__version__})
-    _chart(examples[:6], RESULTS / "validation_memory_cpu.png")
+    _chart(examples[:6], RESULTS / f"{name}.png")
     print(pd.Series({k: v for k, v in summary.items() if not isinstance(v, dict)}).to_string())
     print("without transients:", summary["without_transients"])
 

@@ -271,8 +271,13 @@ class Profile:
                 for c, v in self.columns_at(micro_batch, extrapolate=extrapolate).items()}
         saved = cols["saved_bytes"]
         s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
-        # Inner boundaries: output of layer i is the input of layer i+1, one storage.
+        # Inner boundaries: output of layer i is the input of layer i+1, one storage --
+        # also across a Stash layer, which passes its input on as its output (saving
+        # nothing): layer i's output is then layer i+2's input.
         shared = np.minimum(s_out[:-1], s_in[1:]).sum() if stop - first > 1 else 0.0
+        for k in self._pass_through:
+            if first < k < stop - 1 and s_in[k - first] == 0 and s_out[k - first] == 0:
+                shared += min(s_out[k - 1 - first], s_in[k + 1 - first])
         # The stage output stays alive until its backward (autograd holds it for the
         # gradient that arrives from the next stage), saved or not -- unless the span ends
         # in the loss: then its output is the loss, and the last layer's output (logits)
@@ -444,6 +449,11 @@ class Profile:
         w = (micro_batch - a) / (b - a)
         k = min(len(law_a), len(law_b))
         return [(1 - w) * law_a[i] + w * law_b[i] for i in range(k)]
+
+    @cached_property
+    def _pass_through(self) -> tuple[int, ...]:
+        """Layers whose output is their input tensor itself: the skips' Stash layers."""
+        return tuple(sorted({src for _, src, _ in self.skip_routes()}))
 
     def skip_routes(self) -> list[tuple[str, int, int]]:
         """Skip connections as ``(name, stashing layer, popping layer)`` (from the metadata)."""

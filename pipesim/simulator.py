@@ -198,13 +198,13 @@ class _Run:
                               TEMPORARIES if gradient else ACTIVATIONS))
         elif send.dst_device and self.sim.track_memory and send.kind == "SEND_B":
             self.deltas.append((send.src_device, end, -send.nbytes, TEMPORARIES))
-        posted = self.sim.cluster.receives_ahead and send.kind in ("SEND_F", "SEND_B", "SEND_S")
-        if send.dst_device and self.sim.track_memory and send.kind != "SEND_SB" and not posted:
+        posted = self.sim.cluster.receives_ahead
+        if send.dst_device and self.sim.track_memory and not posted:
             # The one memory rule of a transfer, whatever the link (a free link is an
             # instant transfer, not a hand-over): the receiver holds a buffer from the
             # arrival on -- or from when it posted the receive (Cluster.receives_ahead; see
-            # worker) --; a gradient's buffer on the sender goes free at the same moment
-            # (or at the step's end, above).  A skip's gradient is consumed at once.
+            # worker) -- to the end of the action that uses it; a gradient's buffer on the
+            # sender goes free at the same moment (or at the step's end, above).
             self.deltas.append((send.dst_device, end, send.nbytes, RECEIVED))
         self._arrive(index, end)
 
@@ -367,6 +367,10 @@ class Simulator:
         self.skips = [(name, stage_of[a], stage_of[b]) for name, a, b in self.profile.skip_routes()
                       if stage_of[a] != stage_of[b]]
         self.skip_layer = {name: a for name, a, _ in self.profile.skip_routes()}
+        #: skips whose two ends are in one stage (name, stage), and that stage's first layer
+        #: is not the stashed tensor's maker (then it is the stage input, kept anyway)
+        self.inner_skips = [(name, stage_of[a]) for name, a, b in self.profile.skip_routes()
+                            if stage_of[a] == stage_of[b] and a != plan.stage_layers(stage_of[a]).start]
         if self.skips and self.schedule.splits_backward:
             raise ScheduleError(f"schedule {self.schedule.name!r} splits the backward, and skip "
                                 f"connections cross stages here ({', '.join(n for n, *_ in self.skips)})"
@@ -510,7 +514,7 @@ class Simulator:
         stash already holds it (the next layer saves it as its input, or it is the stage's
         output); with a transport that keeps its sends, it lives to the step's end.
         """
-        if not self.skips:
+        if not self.skips and not self.inner_skips:
             return step
         release = step.release
         n, m = self.plan.n_stages, self.plan.n_microbatches
@@ -522,8 +526,9 @@ class Simulator:
             event = 2 * n * m + 2 * m * r
             cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
             ckpt = self.plan.checkpointed(mb)
-            # only the stashing stage asks whether its stash already holds the skip
-            stashed = step.stage == a and self._in_stash(name, a, size, nbytes)
+            # only the stashing stage asks whether its stash already holds the skip (a
+            # checkpointed micro-batch's stash holds its output alone)
+            stashed = step.stage == a and self._in_stash(name, a, size, nbytes, ckpt)
             keeps = cross and self.cluster.sender_keeps_sends
             if step.stage == a and step.kind == FORWARD:
                 sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
@@ -537,20 +542,39 @@ class Simulator:
                 alloc_end.append((RECEIVED, -nbytes if cross and ckpt else 0.0))
             elif step.stage == a:
                 waits.append(event + 1)
+                # the skip's gradient: a buffer from its posting (or arrival) to the end of
+                # the backward, which takes it beside the output's gradient
+                recv += nbytes if cross else 0.0
+                alloc_end.append((RECEIVED, -nbytes if cross else 0.0))
                 # freed by the stashing stage's backward, or at the step's end if sent
                 # to another device whose transport keeps its sends (see _Run._send)
                 if keeps and stashed:
                     release -= nbytes
                 elif not keeps and not stashed:
                     alloc_end.append((ACTIVATIONS, -nbytes))
+        if self.plan.checkpointed(mb):
+            for name, stage in self.inner_skips:
+                if stage != step.stage:
+                    continue
+                # A checkpointed forward saves nothing, yet the executor's skip tracker
+                # keeps what the stage's Stash layers stashed (its recomputation pops the
+                # first forward's tensors, executor.skip): from the forward to the backward
+                nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
+                if step.kind == FORWARD:
+                    alloc_end.append((ACTIVATIONS, nbytes))
+                elif step.kind in (BACKWARD, WEIGHT_GRAD):  # the end of the gradient's work
+                    alloc_end.append((ACTIVATIONS, -nbytes))
         return step._replace(waits=tuple(waits), extra_sends=tuple(sends),
                              alloc_end=_parts(*alloc_end), release=release, recv_bytes=recv)
 
-    def _in_stash(self, name: str, stage: int, size: float, nbytes: float) -> bool:
+    def _in_stash(self, name: str, stage: int, size: float, nbytes: float,
+                  checkpointed: bool) -> bool:
         """Whether the stashing stage's stash already holds skip ``name``'s tensor."""
         after = self.skip_layer[name] + 1  # the layer that reads what the Stash passes on
         if after >= self.plan.stage_layers(stage).stop:
             return True  # the stage's output: kept until its backward anyway
+        if checkpointed:
+            return False  # a checkpointed stash: the stage's input and output alone
         saved = self.profile.at(after, size, extrapolate=self.costs.extrapolate)
         return saved["saved_input_bytes"] >= 0.99 * nbytes
 
