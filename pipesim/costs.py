@@ -49,6 +49,12 @@ class StageCost:
     #: what torch.utils.checkpoint adds to ``fwd_s`` (0 unless checkpointed): a forward
     #: whose backward is split runs without it
     ckpt_fwd_extra_s: float = 0.0
+    #: the backward's walk back through the stage's layers, last layer first: per layer
+    #: ``(start, end, parameter share, saved share)`` -- when its backward starts and ends
+    #: as fractions of the backward proper (by profiled seconds), its share of the stage's
+    #: parameter bytes (its weight gradients appear as it starts) and of the stage's saved
+    #: bytes (freed as it ends).  Empty: one part, everything at once.
+    backward_walk: tuple[tuple[float, float, float, float], ...] = ()
 
 
 class PlanCosts:
@@ -69,6 +75,7 @@ class PlanCosts:
                 key = (s, size, ckpt)
                 if key not in cache:
                     span = profile.span_cost(layers.start, layers.stop, size, extrapolate=extrapolate)
+                    walk = _backward_walk(profile, layers.start, layers.stop, size, extrapolate)
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
@@ -91,6 +98,7 @@ class PlanCosts:
                         bwd_transient_bytes=(
                             max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
                             else span.bwd_transient_bytes),
+                        backward_walk=walk,
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,
@@ -132,3 +140,21 @@ class PlanCosts:
             return (span.fwd_s + span.bwd_s) * size / at
 
         return speedup_from_scaling(time_at, self.plan.micro_batch_sizes[0], streams)
+
+
+def _backward_walk(profile: Profile, first: int, stop: int, size: float,
+                   extrapolate: bool) -> tuple[tuple[float, float, float, float], ...]:
+    """:attr:`StageCost.backward_walk` of layers ``first .. stop-1`` at ``size`` samples."""
+    cols = profile.columns_at(size, extrapolate=extrapolate)
+    bwd, params, saved = (cols[c][first:stop][::-1] for c in ("bwd_s", "param_bytes", "saved_bytes"))
+    total_s, total_p, total_b = float(bwd.sum()), float(params.sum()), float(saved.sum())
+    n = stop - first
+    walk, t = [], 0.0
+    for i in range(n):
+        share = float(bwd[i]) / total_s if total_s > 0 else 1.0 / n
+        walk.append((t, min(t + share, 1.0),
+                     float(params[i]) / total_p if total_p > 0 else 1.0 / n,
+                     float(saved[i]) / total_b if total_b > 0 else 1.0 / n))
+        t += share
+    return tuple(walk)
+

@@ -20,10 +20,10 @@ engine decides when an action runs, that module how fast.
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
     static      parameters + optimizer state, from time 0
-    gradients   + parameter bytes at the first backward of each stage
-    stash       + keep_bytes at the end of F(s, m), - during B(s, m): freed in
-                RELEASE_STEPS equal parts as the backward walks back (with the
-                recomputed activations when checkpointed)
+    gradients   + parameter bytes at the first backward of each stage, layer by layer
+    stash       + keep_bytes at the end of F(s, m), - during B(s, m): freed layer by
+                layer as the backward walks back (with the recomputed activations
+                when checkpointed; StageCost.backward_walk)
     received    + input bytes when an activation arrives from another device,
                 + output bytes when a gradient arrives; freed at the end of B(s, m)
     transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
@@ -90,7 +90,9 @@ class _Step(NamedTuple):
     alloc_end: Parts  # bytes allocated (negative: freed) when it ends, per category
     send: _Send | None
     extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
-    release: float = 0.0  # bytes freed progressively while it runs (see RELEASE_STEPS)
+    release: float = 0.0  # bytes freed progressively while it runs (see walk)
+    grads: float = 0.0  # weight-gradient bytes allocated progressively (a first backward)
+    walk: tuple[tuple[float, float, float, float], ...] = ((0.0, 1.0, 1.0, 1.0),)  # see StageCost
     recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
 
 
@@ -111,9 +113,8 @@ def _parts(*pairs: tuple[int, float]) -> Parts:
     return tuple((c, v) for c, v in out.items() if v)
 
 
-#: a backward frees its stage's saved (or recomputed) activations as it walks back through
-#: the layers: modelled as this many equal releases spread over the backward proper
-RELEASE_STEPS = 4
+#: a backward in one part (no per-layer walk known): gradients at its start, frees at its end
+_WHOLE = ((0.0, 1.0, 1.0, 1.0),)
 
 
 class _Send(NamedTuple):
@@ -257,12 +258,19 @@ class _Run:
             if track:
                 for category, nbytes in step.alloc_end:
                     deltas.append((device, end, nbytes, category))
-            if track and step.release:
+            if track and (step.release or step.grads):
+                # the backward proper walks back through the stage's layers: each layer's
+                # weight gradients appear as its backward starts (a stage's first backward
+                # allocates them), its saved activations go as it ends (StageCost.backward_walk)
                 back = start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
-                part = step.release / RELEASE_STEPS
-                for j in range(1, RELEASE_STEPS + 1):
-                    deltas.append((device, back + (end - back) * j / RELEASE_STEPS, -part,
-                                   ACTIVATIONS))
+                span = end - back
+                for t0, t1, grad_share, saved_share in step.walk:
+                    if step.grads and grad_share:
+                        deltas.append((device, back + span * t0, step.grads * grad_share,
+                                       GRADIENTS))
+                    if step.release and saved_share:
+                        deltas.append((device, back + span * t1, -step.release * saved_share,
+                                       ACTIVATIONS))
             if step.recompute_s:
                 r_end = start + (end - start) * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
@@ -450,7 +458,9 @@ class Simulator:
         # which stay, and its new weight gradients are them (not temporaries beside them);
         # later ones form weight gradients in temporaries before adding them
         grads = c.param_bytes if first_backward else 0.0
-        transient = max(c.bwd_transient_bytes - grads, 0.0)
+        # (layer by layer: at its worst, one layer's new gradients are such temporaries)
+        largest = grads * max((share for _, _, share, _ in c.backward_walk), default=1.0)
+        transient = max(c.bwd_transient_bytes - largest, 0.0)
         # Freed at the end of the backward (of W when split): stash, recomputed
         # activations, loss gradient, the received activation (another device's) and the
         # received gradient.  The input gradient lives on: handed to stage s-1 on this
@@ -477,9 +487,9 @@ class Simulator:
             # W: weight gradients from the output gradients I kept, then everything goes
             seconds = c.bwd_weight_s + overhead if measured is None else measured
             return _Step(s, kind, (), seconds, 0.0,
-                         _parts((GRADIENTS, grads), (TEMPORARIES, transient)),
+                         _parts((TEMPORARIES, transient)),
                          _parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
-                         release=release)
+                         release=release, grads=grads, walk=c.backward_walk or _WHOLE)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -490,13 +500,14 @@ class Simulator:
             release = 0.0
         else:
             seconds = c.bwd_s + recompute + overhead
-            alloc_start = _parts(*gradient_start, (GRADIENTS, grads), (TEMPORARIES, transient))
+            alloc_start = _parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = _parts(*freed)
         if measured is not None:
             seconds, recompute = measured, min(recompute, measured)
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
-                     release=release, recv_bytes=recv)
+                     release=release, recv_bytes=recv,
+                     grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or _WHOLE)
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""
