@@ -7,7 +7,11 @@ The GPU check anyone can run without a GPU.  Sources, under
   bubble), its ``profile.csv`` and ``cluster.json``;
 * ``grid_2stages/validation_gpu.csv``: 240 plans (gpt, mlp x fp32, bf16; two stages as
   threads on one H100), profiles and calibration beside it;
-* ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations.
+* ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations;
+
+and the project's latest GPU run, ``experiments/results/gpu/`` (2026-11-23, the same grid
+on an H100 with long-lived workers and the measured concurrency law, each plan's memory
+freed before the next): iteration time, and peak allocated memory against the allocator's.
 
 Each plan is predicted under every model variant (an ablation: one mechanism added at a
 time) and the table prints median and max |error| of iteration time (and bubble where a
@@ -18,8 +22,8 @@ thread's first bf16 matmul pays tens of ms), so they are reported apart and that
 is not modelled.
 
     python experiments/repredict_evidence.py [--evidence DIR]
-Writes experiments/results/repredict_evidence.csv (one row per plan and variant) and
-repredict_evidence_summary.csv.
+Writes experiments/results/repredict_evidence.csv (one row per plan and variant),
+repredict_evidence_summary.csv and repredict_evidence_memory.csv.
 """
 
 from __future__ import annotations
@@ -113,19 +117,22 @@ def traces(evidence: Path) -> list[dict]:
 
 def grid_2stages(evidence: Path) -> list[dict]:
     """Rows for the 240-plan GPU grid of the evidence (iteration times: no traces kept)."""
-    return _gpu_grid("grid_2stages", evidence / "grid_2stages")
+    # (its peaks are not compared: that executor measured them without freeing the plans
+    # before, -45% to -86% "error" then)
+    return _gpu_grid("grid_2stages", evidence / "grid_2stages", memory=False)
 
 
 def grid_gpu_results(_evidence: Path) -> list[dict]:
     """Rows for the project's latest GPU grid, ``experiments/results/gpu/`` (2026-11-23 on
     an H100: the same grid, the executor's long-lived workers, measured concurrency law)."""
-    return _gpu_grid("gpu_results", ROOT / "experiments" / "results" / "gpu")
+    return _gpu_grid("gpu_results", ROOT / "experiments" / "results" / "gpu", memory=True)
 
 
-def _gpu_grid(source: str, folder: Path) -> list[dict]:
+def _gpu_grid(source: str, folder: Path, memory: bool) -> list[dict]:
     """Rows for a ``gpu_validate.py`` grid in ``folder``.  Its profiles carry the measured
     concurrency law where the run measured it; a run that wrote it only to
-    ``device_speedup.json`` (before profiles carried it) has it put back in the profile."""
+    ``device_speedup.json`` (before profiles carried it) has it put back in the profile.
+    With ``memory``, each plan's peak allocated is predicted too (:data:`MEMORY_ROWS`)."""
     table = pd.read_csv(folder / "validation_gpu.csv")
     cluster = Cluster.load(folder / "calibration_2stages.json")
     laws_file = folder / "device_speedup.json"
@@ -138,11 +145,34 @@ def _gpu_grid(source: str, folder: Path) -> list[dict]:
             measured = {size: law["measured"] for size, law in laws[label].items()}
             profile = Profile(profile.table, {**profile.meta, "stream_speedup": measured},
                               profile.source)
+        batch = _batch_bytes(model, dtype)
         for r in part.itertuples():
             plan = _plan(r.balance, r.chunks, r.checkpoint, r.schedule)
             rows += _variants(source, model, dtype, profile, cluster, plan, r.measured_ms,
                               r.bubble_meas)
+            if not memory:
+                continue
+            # peak allocated of the one GPU (both stages), the caller's batch included
+            peak = sum(metrics(simulate(profile, plan, cluster)).peak_memory_bytes.values())
+            MEMORY_ROWS.append({"source": source, "model": model, "dtype": dtype,
+                                "plan": plan.label(), "peak_pred_bytes": peak + batch,
+                                "peak_meas_bytes": r.peak_meas_bytes,
+                                "peak_pred_bytes_as_run": r.peak_pred_bytes})
     return rows
+
+
+#: memory rows of the GPU grids (today's model against the allocator's peak), filled as
+#: the grids are re-predicted
+MEMORY_ROWS: list[dict] = []
+
+
+def _batch_bytes(model: str, dtype: str) -> int:
+    """Bytes of the batch ``gpu_validate.py`` puts on the GPU beside the pipeline (inputs
+    and targets, batch 32): gpt token ids and targets (int64, 256 a sample); mlp inputs
+    (4096 a sample, in ``dtype``) and class targets (int64)."""
+    if model == "gpt":
+        return 2 * 32 * 256 * 8
+    return 32 * 4096 * (2 if dtype == "bfloat16" else 4) + 32 * 8
 
 
 def cpu16(evidence: Path) -> list[dict]:
@@ -185,6 +215,18 @@ def main() -> None:
     with pd.option_context("display.width", 160, "display.max_rows", 200):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     meta = {"evidence": str(args.evidence), "variants": list(VARIANTS)}
+    if MEMORY_ROWS:
+        memory = pd.DataFrame(MEMORY_ROWS)
+        for col, label in (("peak_pred_bytes_as_run", "as run"), ("peak_pred_bytes", "today")):
+            err = 100 * (memory[col] / memory.peak_meas_bytes - 1)
+            memory[f"error_{col}_pct"] = err
+            for (source, model, dtype), e in err.groupby([memory.source, memory.model,
+                                                          memory.dtype]):
+                print(f"peak memory {source} {model} {dtype} ({label}): median |error| "
+                      f"{e.abs().median():.2f}%, max {e.abs().max():.1f}%")
+            print(f"peak memory, all GPU grid plans ({label}): median |error| "
+                  f"{err.abs().median():.2f}%, max {err.abs().max():.1f}%")
+        write_results("repredict_evidence_memory", memory, meta)
     write_results("repredict_evidence", table, meta)
     write_results("repredict_evidence_summary", summary, meta)
 
