@@ -582,8 +582,9 @@ class Simulator:
                   checkpointed: bool) -> bool:
         """Whether the stashing stage's stash already holds skip ``name``'s tensor."""
         after = self.skip_layer[name] + 1  # the layer that reads what the Stash passes on
-        if after >= self.plan.stage_layers(stage).stop:
-            return True  # the stage's output: kept until its backward anyway
+        layers = self.plan.stage_layers(stage)
+        if after >= layers.stop or after - 1 == layers.start:
+            return True  # the stage's output or input: kept until its backward anyway
         if checkpointed:
             return False  # a checkpointed stash: the stage's input and output alone
         saved = self.profile.at(after, size, extrapolate=self.costs.extrapolate)

@@ -16,6 +16,7 @@ from executor.pipeline import Pipeline
 from executor.profiler import profile
 from executor.skip import Pop, SkipError, Stash, check_skips, pop
 from pipesim import Cluster, Plan, Profile, ProfileError, simulate
+from pipesim.profile import synthetic_profile
 
 UNET = dict(depth=2, width=4, image_size=8)  # 13 layers; skips 1 -> 10 and 3 -> 7
 BATCH = 8  # 4 chunks of 2: interleaving needs a multiple of its 2 devices
@@ -199,3 +200,63 @@ def test_a_received_skip_is_freed_as_soon_as_it_is_used():
     # must be gone when micro-batch m+1 arrives, although its backward has not run yet
     Pipeline(model, Plan([2, 2, 3], 4, 8, checkpoint="never")).step(x, torch.zeros(8).long())
     assert len(remember.seen) == 4
+
+
+# ------------------------------------------------------------ the memory of skips
+def _with_skip(prof: Profile, stash: int, pop: int, per_sample: int = 50) -> Profile:
+    """``prof`` with one skip from layer ``stash`` to ``pop`` of ``per_sample`` bytes."""
+    sizes = {str(b): per_sample * b for b in prof.micro_batch_sizes}
+    skip = {"name": "s", "stash_layer": stash, "pop_layer": pop, "bytes": sizes}
+    return Profile(prof.table, {**prof.meta, "skips": [skip]})
+
+
+def _level_before_backward(prof: Profile, plan: Plan, device: str = "dev0") -> float:
+    trace = simulate(prof, plan)
+    first_b = trace.actions.query("kind == 'B'")["start"].min()
+    mem = trace.memory[(trace.memory.device == device) & (trace.memory.time < first_b)]
+    return float(mem["bytes"].iloc[-1])
+
+
+@pytest.mark.parametrize(("mode", "kept"), [("always", 1), ("never", 0)])
+def test_a_checkpointed_micro_batch_keeps_the_skips_stashed_inside_its_stage(mode, kept):
+    # layers 1 -> 2 of stage 0: a checkpointed forward saves nothing, but the skip tracker
+    # keeps the stashed tensor for the recomputation; a plain forward's layers save it
+    prof = synthetic_profile(4, sizes=(1, 4))
+    plan = Plan([3, 1], 4, 4, checkpoint=mode)
+    extra = _level_before_backward(_with_skip(prof, 1, 2), plan) - _level_before_backward(prof, plan)
+    assert extra == pytest.approx(kept * 4 * 50)  # m micro-batches x 50 bytes (1 sample)
+
+
+def test_a_checkpointed_stash_does_not_hold_a_skip_sent_to_another_stage():
+    # stage 0 stashes at layer 1 for stage 1: plain, the next layer saves that tensor as its
+    # input (one storage); checkpointed, only the stage's input and output are kept
+    prof = synthetic_profile(4, sizes=(1, 4), act_bytes=50)
+    skipped = _with_skip(prof, 1, 3)
+    for mode, kept in (("never", 0), ("always", 1)):
+        plan = Plan([3, 1], 4, 4, checkpoint=mode)
+        extra = _level_before_backward(skipped, plan) - _level_before_backward(prof, plan)
+        assert extra == pytest.approx(kept * 4 * 50), mode
+
+
+def test_a_stash_layer_passes_one_storage_on():
+    # layer 0 saves its output, layer 2 its input: through the Stash layer 1 (which saves
+    # nothing) they are the same tensor, counted once in the stage's stash
+    prof = synthetic_profile(3, sizes=(1, 2))
+    t = prof.table.copy()
+    t.loc[t.layer == 0, ["saved_output_bytes", "saved_bytes"]] = [[40, 340], [80, 680]]
+    t.loc[t.layer == 1, ["saved_bytes", "saved_input_bytes", "saved_output_bytes"]] = 0
+    plain = Profile(t, prof.meta)
+    skipped = _with_skip(plain, 1, 2, per_sample=40)
+    assert plain.span_cost(0, 3, 2).stash_bytes - skipped.span_cost(0, 3, 2).stash_bytes == 80
+
+
+def test_a_skip_gradient_holds_its_buffer_until_the_backward_ends():
+    prof = _with_skip(synthetic_profile(4, sizes=(1, 2)), 1, 3)
+    plan = Plan([2, 2], 1, 1, checkpoint="never")
+    trace = simulate(prof, plan, Cluster.cpu_processes(2))
+    received = trace.memory_by_category.query("device == 'cpu0' and category == 'received'")
+    b0 = trace.actions.query("kind == 'B' and stage == 0").iloc[0]
+    held = received[received.time <= b0.start]["bytes"].iloc[-1]
+    # the output's gradient (100 bytes) and the skip's (50), posted ahead, both held
+    assert held == pytest.approx(150)
+    assert received[received.time >= b0.end]["bytes"].iloc[-1] == 0  # freed by its end
