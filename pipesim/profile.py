@@ -319,7 +319,9 @@ class Profile:
                 # the last layer's transient less the loss's own (a gradient the size of
                 # its input, the logits): what its layer proper holds, after recomputing
                 body = net.copy()
-                body[-1] -= cols["output_bytes"][-1]
+                # (what stays of the loss layer's own is at least its weight gradients
+                # being formed: a backward but the stage's first forms them beside .grad)
+                body[-1] = max(body[-1] - cols["output_bytes"][-1], cols["param_bytes"][-1])
                 bwd_body = max(float(body.max()), 0.0)
             else:
                 bwd_body = bwd_transient
