@@ -20,18 +20,29 @@ export PYTHONUNBUFFERED=1
 RESULTS=experiments/results/gpu
 mkdir -p "$RESULTS"
 pack() { if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_results.tgz" -C experiments/results gpu; fi; }
-trap pack EXIT
 what="${1:-gpu}"
 shift || true
 python3 -c "import torch; print(torch.__version__, torch.cuda.get_device_name(0) \
     if torch.cuda.is_available() else 'no CUDA')" | tee -a "$RESULTS/device_$what.txt"
-case "$what" in
-    tests) PIPESIM_TEST_DEVICE=cuda:0 python3 -m pytest -q -p no:cacheprovider \
-               tests/test_executor.py -k threads_gradients "$@" 2>&1 | tee -a "$RESULTS/run_tests.log" ;;
-    gpu)   python3 experiments/gpu_validate.py --out "$RESULTS" "$@" 2>&1 \
-               | tee -a "$RESULTS/run_gpu.log" ;;
-    bench) python3 experiments/bench_executor_cuda.py "$@" 2>&1 | tee -a "$RESULTS/run_bench.log" ;;
-    cpu16) for n in 4 8; do
-               python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
-           done 2>&1 | tee -a "$RESULTS/run_cpu16.log" ;;
-esac
+run() {
+    case "$what" in
+        tests) PIPESIM_TEST_DEVICE=cuda:0 python3 -m pytest -q -p no:cacheprovider \
+                   tests/test_executor.py -k threads_gradients "$@" ;;
+        gpu)   python3 experiments/gpu_validate.py --out "$RESULTS" "$@" ;;
+        bench) python3 experiments/bench_executor_cuda.py "$@" ;;
+        cpu16) for n in 4 8; do
+                   python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
+               done ;;
+        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench or cpu16)" >&2; return 2 ;;
+    esac
+}
+# The work runs in the background and this shell waits for it, so that a `timeout` (TERM)
+# reaches the trap at once: it stops the work, then packs what the finished grids wrote.
+set -m  # the work in its own process group, so that the trap can stop all of it
+run "$@" > >(tee -a "$RESULTS/run_$what.log") 2>&1 &
+job=$!
+trap 'kill -- -$job 2>/dev/null || kill $job 2>/dev/null; pack; exit 143' TERM INT
+wait $job
+status=$?
+pack
+exit $status
