@@ -547,3 +547,22 @@ def test_memory_stack_draws_each_category_under_the_measured_total():
     top = max(collection.get_paths()[0].vertices[:, 1].max() for collection in ax.collections)
     assert top * 2**20 == pytest.approx(metrics(predicted).peak_memory_bytes["dev0"])
     plt.close(fig)
+
+
+def test_a_first_backward_forms_each_layers_gradients_as_it_reaches_it():
+    # two layers on one stage, the last with 3x the parameters: walking back, the last
+    # layer's gradients appear as the backward starts, the first layer's halfway through
+    # (equal backward seconds); each layer's saved tensors go as it ends
+    prof = uniform_profile(2, sizes=(1, 2))
+    t = prof.table.copy()
+    t.loc[t.layer == 1, "param_bytes"] = 3000
+    prof = Profile(t, prof.meta)
+    trace = simulate(prof, Plan([2], 1, 1, checkpoint="never"))
+    b = trace.actions.query("kind == 'B'").iloc[0]
+    grads = trace.memory_by_category.query("category == 'gradients'")
+    steps = grads[grads.bytes.diff().fillna(grads.bytes) != 0]
+    assert list(steps.bytes) == [3000, 4000]
+    assert list(steps.time) == pytest.approx([b.start, b.start + (b.end - b.start) / 2])
+    acts = trace.memory_by_category.query("category == 'activations'")
+    during = acts[(acts.time > b.start) & (acts.time <= b.end)]
+    assert list(during.time) == pytest.approx([b.start + (b.end - b.start) / 2, b.end])
