@@ -5,6 +5,7 @@
 #   bash experiments/gpu_run.sh gpu [--stages 2]  # CUDA profiles + executor grid on cuda:0
 #   bash experiments/gpu_run.sh cpu16 [--models mlp,gpt]  # 4 and 8 pinned processes
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
+#   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
 # the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
 # is also packed into $OUT/gpu_results.tgz when the command ends, stopped or not: give the
@@ -30,10 +31,11 @@ run() {
                    tests/test_executor.py -k threads_gradients "$@" ;;
         gpu)   python3 experiments/gpu_validate.py --out "$RESULTS" "$@" ;;
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
+        threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         cpu16) for n in 4 8; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
                done ;;
-        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench or cpu16)" >&2; return 2 ;;
+        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads or cpu16)" >&2; return 2 ;;
     esac
 }
 # The work runs in the background and this shell waits for it, so that a `timeout` (TERM)
