@@ -311,7 +311,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
             checkpointed: bool = True, split: bool = True, streams: int = 0,
-            meta: dict | None = None) -> Profile:
+            interpreter: bool = False, meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
     ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
@@ -327,8 +327,11 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     halves (``bwd_input_s``, ``bwd_weight_s``) for the zero-bubble schedules.  ``streams``
     (> 1) also measures, at each size, how ``1..streams`` worker threads share the device
     (:func:`measure_device_speedup`, ``meta["stream_speedup"]``): what the simulator needs
-    for pipeline stages placed on one GPU.  Returns a :class:`pipesim.Profile`; ``meta``
-    adds to its metadata.
+    for pipeline stages placed on one GPU.  ``interpreter`` also measures, at each size, the
+    share of a forward and of a backward that holds the interpreter
+    (:func:`measure_interpreter_share`, ``meta["interpreter_share"]``): what the simulator
+    needs for stages that are threads of one process.  Returns a :class:`pipesim.Profile`;
+    ``meta`` adds to its metadata.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -429,15 +432,23 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
     }
-    if streams > 1:
-        law: dict[str, list[float]] = {}
-        for b in sizes:
-            x0 = inputs[:b].to(device)
-            if dtype is not None and x0.is_floating_point():
-                x0 = x0.to(dtype)
-            law[str(b)] = measure_device_speedup(model, loss_fn or _sum_loss, x0,
-                                                 targets[:b].to(device), device, streams)
+    law: dict[str, list[float]] = {}
+    shares: dict[str, dict[str, float]] = {}
+    for b in sizes if streams > 1 or interpreter else ():
+        x0 = inputs[:b].to(device)
+        if dtype is not None and x0.is_floating_point():
+            x0 = x0.to(dtype)
+        y0 = targets[:b].to(device)
+        if streams > 1:
+            law[str(b)] = measure_device_speedup(model, loss_fn or _sum_loss, x0, y0, device,
+                                                 streams)
+        if interpreter:
+            fwd, bwd = measure_interpreter_share(model, loss_fn or _sum_loss, x0, y0, device)
+            shares[str(b)] = {"F": fwd, "B": bwd}
+    if law:
         info["stream_speedup"] = law
+    if shares:
+        info["interpreter_share"] = shares
     info.update(meta or {})
     return Profile(table=table, meta=info)
 
@@ -445,6 +456,33 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
 def _sum_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
     """A stand-in loss where the model has none: the backward of ``out.sum()``."""
     return out.float().sum()
+
+
+def _threads_wall(steps: Sequence[Callable[[], None]], device: torch.device,
+                  iterations: int) -> float:
+    """Wall seconds of ``len(steps)`` threads, each with its own stream on a GPU, running
+    its step ``iterations`` times, started together (each thread's first step is set-up)."""
+    start = threading.Barrier(len(steps) + 1)
+
+    def work(step: Callable[[], None]) -> None:
+        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            step()
+            synchronize(device)
+            start.wait()
+            for _ in range(iterations):
+                step()
+            synchronize(device)
+
+    threads = [threading.Thread(target=work, args=(step,), daemon=True) for step in steps]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join(timeout=600)
+    return time.perf_counter() - t0
 
 
 def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -457,34 +495,42 @@ def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y:
     from wall seconds of ``iterations`` steps, clamped to [1, k].
     """
     dev = torch.device(device)
-    replicas = [copy.deepcopy(module).to(dev) for _ in range(streams)]
     xs, ys = x.to(dev), y.to(dev)
+    steps = []
+    for _ in range(streams):
+        replica = copy.deepcopy(module).to(dev)
+        steps.append(lambda r=replica: loss_fn(r(xs), ys).backward())
+    alone = _threads_wall(steps[:1], dev, iterations)
+    return [min(max(k * alone / _threads_wall(steps[:k], dev, iterations), 1.0), float(k))
+            for k in range(1, streams + 1)]
 
-    def work(replica: torch.nn.Module, start: threading.Barrier) -> None:
-        stream = torch.cuda.Stream(dev) if dev.type == "cuda" else None
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
-            loss_fn(replica(xs), ys).backward()  # this thread's first step: set-up
-            synchronize(dev)
-            start.wait()
-            for _ in range(iterations):
-                loss_fn(replica(xs), ys).backward()
-            synchronize(dev)
 
-    def wall(k: int) -> float:
-        start = threading.Barrier(k + 1)
-        threads = [threading.Thread(target=work, args=(replicas[i], start), daemon=True)
-                   for i in range(k)]
-        for t in threads:
-            t.start()
-        start.wait()
-        t0 = time.perf_counter()
-        for t in threads:
-            t.join(timeout=600)
-        return time.perf_counter() - t0
+def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
+                              y: torch.Tensor, device: str | torch.device = "cpu",
+                              iterations: int = 20) -> tuple[float, float]:
+    """``(forward, backward)``: the share of each pass that holds the interpreter, from
+    two threads running it together against one alone (each with its own replica, on a
+    GPU its own stream).
 
-    alone = wall(1)
-    return [min(max(k * alone / wall(k), 1.0), float(k)) for k in range(1, streams + 1)]
+    Two passes of ``T`` seconds that each hold the interpreter ``g T`` and overlap fully
+    take ``max(T, 2 g T)`` (pipesim.contention.interpreter_law), so ``g = ratio / 2``,
+    clamped to [0, 1] (a ratio at or under 1 leaves ``g`` at most 1/2: it reads 1/2 there).
+    The backward is timed on a graph built once (``retain_graph``): autograd's engine
+    runs it outside the interpreter, the forward is Python issuing operations.
+    """
+    dev = torch.device(device)
+    xs, ys = x.to(dev), y.to(dev)
+    forwards, backwards = [], []
+    for _ in range(2):
+        replica = copy.deepcopy(module).to(dev)
+        forwards.append(lambda r=replica: r(xs))
+        loss = loss_fn(replica(xs), ys)
+        backwards.append(lambda loss=loss: loss.backward(retain_graph=True))
+    shares = []
+    for steps in (forwards, backwards):
+        ratio = _threads_wall(steps, dev, iterations) / _threads_wall(steps[:1], dev, iterations)
+        shares.append(min(max(ratio / 2, 0.0), 1.0))
+    return shares[0], shares[1]
 
 
 def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor],

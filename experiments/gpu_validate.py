@@ -127,11 +127,11 @@ def main() -> None:
                 # (streams=...): the prediction uses it; the law the profile's size scaling
                 # implies is written beside it for comparison
                 prof = profile(module, (x, y), sizes, args.device, loss_fn=loss_fn, repeats=10,
-                               warmup=3, progress=False, streams=n_stages,
+                               warmup=3, progress=False, streams=n_stages, interpreter=True,
                                meta={"model": name})
                 prof.save(out / f"profile_{name}_{dtype}.csv")
                 scaling = dict(prof.meta)
-                scaling.pop("stream_speedup")
+                scaling.pop("stream_speedup")  # (the interpreter shares: data for now)
                 laws = {str(b): {"measured": prof.stream_speedup(b),
                                  "from_profile": PlanCosts(
                                      Profile(prof.table, scaling),

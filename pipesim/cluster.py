@@ -45,6 +45,10 @@ class Device:
     #: machine the device is on; workers of one host slow each other down (see
     #: ``Cluster.host_contention``); "" shares nothing
     host: str = ""
+    #: Python process the worker is a thread of: the threads of one process hold its
+    #: interpreter one at a time, for the share of each action measured in the profile
+    #: (:attr:`pipesim.costs.StageCost.interpreter_fwd_share`); "" shares nothing
+    process: str = ""
 
     @property
     def resource(self) -> str:

@@ -7,7 +7,10 @@ resources are shared this way:
 * a **host** (CPU processes of one machine: memory bandwidth, caches, communication
   threads), law :func:`host_law`;
 * a **device whose streams run kernels concurrently** (several pipeline workers on one
-  GPU), law :func:`device_law`.
+  GPU), law :func:`device_law`;
+* the **interpreter** of a process whose threads are workers: the share of an action
+  that holds it runs one thread at a time, :func:`interpreter_law` (the action ends when
+  both its work and that share are done).
 
 Both are *processor sharing*: while ``k`` actions run on the resource, each progresses at
 ``rate(k)`` seconds of work per second (``rate(1) == 1``).  An action of ``w`` seconds of
@@ -65,6 +68,12 @@ def device_law(speedup: Sequence[float]) -> RateLaw:
         return table[min(k, len(table)) - 1] / k
 
     return rate
+
+
+def interpreter_law(k: int) -> float:
+    """Threads of one Python process holding its interpreter: one at a time, so each of
+    ``k`` progresses at ``1 / k``."""
+    return 1.0 / k
 
 
 def speedup_from_scaling(time_at: Callable[[float], float], size: float, streams: int) -> list[float]:
@@ -136,4 +145,5 @@ class ProcessorSharing:
         return ev
 
 
-__all__ = ["ProcessorSharing", "RateLaw", "device_law", "host_law", "speedup_from_scaling"]
+__all__ = ["ProcessorSharing", "RateLaw", "device_law", "host_law", "interpreter_law",
+           "speedup_from_scaling"]

@@ -55,6 +55,11 @@ class StageCost:
     #: parameter bytes (its weight gradients appear as it starts) and of the stage's saved
     #: bytes (freed as it ends).  Empty: one part, everything at once.
     backward_walk: tuple[tuple[float, float, float, float], ...] = ()
+    #: share of a forward's / a backward's seconds its thread holds the interpreter
+    #: (:meth:`pipesim.profile.Profile.interpreter_share`; 0 where not measured): what
+    #: stages that are threads of one process cannot do at the same time
+    interpreter_fwd_share: float = 0.0
+    interpreter_bwd_share: float = 0.0
 
 
 class PlanCosts:
@@ -76,6 +81,7 @@ class PlanCosts:
                 if key not in cache:
                     span = profile.span_cost(layers.start, layers.stop, size, extrapolate=extrapolate)
                     walk = _backward_walk(profile, layers.start, layers.stop, size, extrapolate)
+                    gil = profile.interpreter_share(size) or (0.0, 0.0)
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
@@ -99,6 +105,8 @@ class PlanCosts:
                             max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
                             else span.bwd_transient_bytes),
                         backward_walk=walk,
+                        interpreter_fwd_share=gil[0],
+                        interpreter_bwd_share=gil[1],
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,

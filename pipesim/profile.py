@@ -169,6 +169,7 @@ class Profile:
         self.table = validate_table(self.table, self.source)
         self.skip_routes()  # validates the skip metadata, if any
         self.stream_speedup(1.0)  # and the measured concurrency law, if any
+        self.interpreter_share(1.0)  # and the measured interpreter shares, if any
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -456,6 +457,34 @@ class Profile:
     def _pass_through(self) -> tuple[int, ...]:
         """Layers whose output is their input tensor itself: the skips' Stash layers."""
         return tuple(sorted({src for _, src, _ in self.skip_routes()}))
+
+    def interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
+        """``(forward, backward)``: the share of an action's seconds its thread holds the
+        interpreter (``meta["interpreter_share"]``, see the module doc), linear between
+        the measured sizes and the nearest outside them; None where not measured."""
+        table = self.meta.get("interpreter_share")
+        if not table:
+            return None
+        try:
+            shares = sorted((float(size), (float(v["F"]), float(v["B"])))
+                            for size, v in table.items())
+        except (AttributeError, KeyError, TypeError, ValueError) as exc:
+            raise ProfileError(f"{self.source}: meta['interpreter_share'] must map a "
+                               f"micro-batch size to {{'F': share, 'B': share}}, got {table!r}"
+                               ) from exc
+        for size, pair in shares:
+            if not all(0.0 <= v <= 1.0 for v in pair):
+                raise ProfileError(f"{self.source}: meta['interpreter_share'][{size:g}] = "
+                                   f"{pair}: shares lie in [0, 1]")
+        sizes = [size for size, _ in shares]
+        if micro_batch <= sizes[0]:
+            return shares[0][1]
+        if micro_batch >= sizes[-1]:
+            return shares[-1][1]
+        hi = next(i for i, size in enumerate(sizes) if size >= micro_batch)
+        (a, (fa, ba)), (b, (fb, bb)) = shares[hi - 1], shares[hi]
+        w = (micro_batch - a) / (b - a)
+        return (1 - w) * fa + w * fb, (1 - w) * ba + w * bb
 
     def skip_routes(self) -> list[tuple[str, int, int]]:
         """Skip connections as ``(name, stashing layer, popping layer)`` (from the metadata)."""

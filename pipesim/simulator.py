@@ -43,7 +43,7 @@ import pandas as pd
 import simpy
 
 from pipesim.cluster import FREE, Cluster
-from pipesim.contention import ProcessorSharing, device_law, host_law
+from pipesim.contention import ProcessorSharing, device_law, host_law, interpreter_law
 from pipesim.costs import PlanCosts, StageCost
 from pipesim.errors import ScheduleError
 from pipesim.plan import Plan
@@ -94,6 +94,7 @@ class _Step(NamedTuple):
     grads: float = 0.0  # weight-gradient bytes allocated progressively (a first backward)
     walk: tuple[tuple[float, float, float, float], ...] = ((0.0, 1.0, 1.0, 1.0),)  # see StageCost
     recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
+    interpreter_s: float = 0.0  # of ``seconds``, those its thread holds the interpreter
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -157,6 +158,8 @@ class _Run:
         self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention,
                                                              sim.cluster.host_cores))
                       for h in sim.shared_hosts}
+        self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
+                             for p in sim.shared_processes}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -219,6 +222,7 @@ class _Run:
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
         sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
+        interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
         name = f"dev{w}"
@@ -253,7 +257,14 @@ class _Run:
                 seconds *= jitter.stragglers.get(w, 1.0)
                 if jitter.sigma:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
-            yield timeout(seconds) if sharing is None else sharing.run(seconds)
+            work = timeout(seconds) if sharing is None else sharing.run(seconds)
+            if interpreter is not None and step.interpreter_s:
+                # it ends when its work is done and so is its share under the interpreter,
+                # which waits its turn behind the other threads' (threads of one process)
+                held = step.interpreter_s * (seconds / step.seconds if step.seconds else 1.0)
+                yield simpy.AllOf(env, [work, interpreter.run(held)])
+            else:
+                yield work
             end = env.now
             if track:
                 for category, nbytes in step.alloc_end:
@@ -394,6 +405,11 @@ class Simulator:
             speedup = (list(self.cluster.device_speedup)
                        or self.costs.device_speedup(streams))
             self.device_law = device_law(speedup)
+        processes = defaultdict(list)
+        for w in workers:
+            if self.cluster.devices[w].process:
+                processes[self.cluster.devices[w].process].append(w)
+        self.shared_processes = [p for p, ws in processes.items() if len(ws) > 1]
         hosts = defaultdict(set)
         for w in workers:
             if self.cluster.devices[w].host:
@@ -451,7 +467,8 @@ class Simulator:
             return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0,
                          _parts((TEMPORARIES, t)),
                          _parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
-                         recv_bytes=recv)
+                         recv_bytes=recv,
+                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -489,7 +506,8 @@ class Simulator:
             return _Step(s, kind, (), seconds, 0.0,
                          _parts((TEMPORARIES, transient)),
                          _parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
-                         release=release, grads=grads, walk=c.backward_walk or _WHOLE)
+                         release=release, grads=grads, walk=c.backward_walk or _WHOLE,
+                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -502,12 +520,15 @@ class Simulator:
             seconds = c.bwd_s + recompute + overhead
             alloc_start = _parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = _parts(*freed)
+        # (a recomputation is a forward: Python issuing, under the interpreter)
+        held = recompute * c.interpreter_fwd_share + (seconds - recompute) * c.interpreter_bwd_share
         if measured is not None:
-            seconds, recompute = measured, min(recompute, measured)
+            seconds, recompute, held = measured, min(recompute, measured), 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
-                     grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or _WHOLE)
+                     grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or _WHOLE,
+                     interpreter_s=held)
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""

@@ -105,3 +105,15 @@ def test_profile_with_streams_measures_the_concurrency_law_at_each_size(tmp_path
     back = Profile.load(prof.save(tmp_path / "p.csv"))
     assert back.stream_speedup(3) == pytest.approx(
         [1.0, (law["2"][1] + law["4"][1]) / 2])
+
+
+def test_profile_with_interpreter_measures_each_kinds_share_at_each_size(tmp_path):
+    module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
+    prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, split=False, interpreter=True)
+    shares = prof.meta["interpreter_share"]
+    assert set(shares) == {"2", "4"}
+    for share in shares.values():
+        assert 0.0 <= share["F"] <= 1.0 and 0.0 <= share["B"] <= 1.0
+    back = Profile.load(prof.save(tmp_path / "p.csv"))
+    assert back.interpreter_share(4) == pytest.approx((shares["4"]["F"], shares["4"]["B"]))

@@ -566,3 +566,48 @@ def test_a_first_backward_forms_each_layers_gradients_as_it_reaches_it():
     acts = trace.memory_by_category.query("category == 'activations'")
     during = acts[(acts.time > b.start) & (acts.time <= b.end)]
     assert list(during.time) == pytest.approx([b.start + (b.end - b.start) / 2, b.end])
+
+
+def _threads_of_one_process(prof: Profile, shares: tuple[float, float] | None) -> Profile:
+    meta = dict(prof.meta)
+    if shares is not None:
+        meta["interpreter_share"] = {str(b): {"F": shares[0], "B": shares[1]}
+                                     for b in prof.micro_batch_sizes}
+    return Profile(prof.table, meta)
+
+
+def test_threads_of_one_process_take_turns_for_their_interpreter_share():
+    # two stages on two cores of one process; 4 micro-batches of 1 sample: in the
+    # steady state stage 0's F(m+1) runs beside stage 1's F(m)
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    threads = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)])
+    apart = Cluster([Device(f"t{i}", physical=f"core{i}") for i in range(2)])
+    prof = uniform_profile(2, sizes=(1, 2))
+    free = metrics(simulate(prof, plan, apart)).iteration_time_s
+    # nothing measured, or nothing under the interpreter: as separate processes
+    assert metrics(simulate(prof, plan, threads)).iteration_time_s == pytest.approx(free)
+    none = _threads_of_one_process(prof, (0.0, 0.0))
+    assert metrics(simulate(none, plan, threads)).iteration_time_s == pytest.approx(free)
+    # forwards wholly under the interpreter: two at once take turns (each lasts 2x)
+    held = simulate(_threads_of_one_process(prof, (1.0, 0.0)), plan, threads)
+    f = held.actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(0, 0), "end"] - f.loc[(0, 0), "start"] == pytest.approx(F)  # alone
+    assert f.loc[(0, 1), "end"] - f.loc[(0, 1), "start"] == pytest.approx(2 * F)  # beside F(1, 0)
+    assert metrics(held).iteration_time_s > free
+    # half of each forward: two together still fit in their own time
+    half = _threads_of_one_process(prof, (0.5, 0.0))
+    assert metrics(simulate(half, plan, threads)).iteration_time_s == pytest.approx(free)
+
+
+def test_the_interpreter_share_is_read_between_sizes_and_validated():
+    from pipesim.errors import ProfileError
+
+    prof = uniform_profile(2, sizes=(1, 4))
+    shares = Profile(prof.table, {"interpreter_share": {"1": {"F": 1.0, "B": 0.2},
+                                                        "4": {"F": 0.4, "B": 0.2}}})
+    assert shares.interpreter_share(2) == pytest.approx((0.8, 0.2))
+    assert prof.interpreter_share(2) is None
+    with pytest.raises(ProfileError, match=r"interpreter_share.*\[0, 1\]"):
+        Profile(prof.table, {"interpreter_share": {"1": {"F": 1.5, "B": 0.0}}})
+    with pytest.raises(ProfileError, match="interpreter_share"):
+        Profile(prof.table, {"interpreter_share": {"1": 0.5}})

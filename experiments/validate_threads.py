@@ -1,0 +1,109 @@
+"""Stages as threads of one process (the in-process executor) on this machine's CPU.
+
+The threads share one interpreter: a forward is Python issuing operations and holds it,
+a backward runs mostly in autograd's engine.  This grid checks the simulator's
+interpreter (``Device.process``, the profile's measured ``interpreter_share``) where it
+can be checked without a GPU:
+
+1. profile each model (one torch thread) with the interpreter shares measured at every
+   size (two threads against one: ``executor.profiler.measure_interpreter_share``);
+2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
+3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
+   ``executor.pipeline.Pipeline`` (threads, one core each) and predict it with the workers
+   as threads of one process, and without (the ablation): median / max |error|.
+
+    python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
+Writes experiments/results/validation_threads.csv/.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+import torch
+
+from executor.calibrate import measure_thread_overhead
+from executor.models import builtin_job
+from executor.pipeline import Pipeline
+from executor.profiler import profile
+from experiments.common import machine, write_results
+from experiments.validation import predict_and_measure, summarise
+from pipesim.balance import min_max_partition
+from pipesim.cluster import Cluster, Device
+from pipesim.plan import Plan
+
+#: small models: per-operation overhead is much of their time, as on a GPU's launch-bound
+#: layers
+MODELS = {"gpt": dict(vocab=256, d_model=32, n_layers=8, n_heads=2, seq_len=8),
+          "mlp": dict(width=64, depth=8, in_features=64)}
+BATCH = 32
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="gpt,mlp")
+    ap.add_argument("--iterations", type=int, default=10)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    over = measure_thread_overhead("cpu", 2)
+    # as gpu_validate.py calibrates the GPU's threads (on a tiny 1F1B pipeline: its
+    # overheads hold some of the interpreter's turns too, a little counted twice)
+    cluster = Cluster([Device(f"t{i}", physical=f"core{i}", process="main") for i in range(2)],
+                      compute_overhead_s=over["in_action_s"],
+                      action_gap_s=over["between_actions_s"], name="cpu_threads")
+    apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
+                                                  for d in cluster.devices])
+    print(f"overheads {over}", flush=True)
+    tables = []
+    for name in args.models.split(","):
+        job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+        module, loss_fn, x, y = job()
+        sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
+        prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
+                       progress=False, interpreter=True, meta={"model": name})
+        print(f"{name}: interpreter shares {prof.meta['interpreter_share']}", flush=True)
+        balance = min_max_partition(prof.layer_times(BATCH // 4), 2)
+        plans = [Plan(balance, m, BATCH, checkpoint=ckpt, schedule=schedule)
+                 for schedule in ("gpipe", "1f1b") for ckpt in ("never", "always")
+                 for m in (1, 2, 4, 8, 16)]
+
+        def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y):
+            traces = []
+            for p in ps:
+                with Pipeline(module, p, loss_fn=loss_fn, track_memory=False) as pipe:
+                    traces.append(pipe.run(x, y, iterations=args.iterations, warmup=2).trace)
+                module.zero_grad(set_to_none=True)
+            return traces
+
+        table, _ = predict_and_measure(prof, plans, cluster, measure, name,
+                                       {"no_interpreter": (prof, apart)})
+        tables.append(table)
+        print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
+                     "predicted_ms_no_interpreter", "measured_ms", "error_pct"]]
+              .round(2).to_string(index=False), flush=True)
+    table = pd.concat(tables, ignore_index=True)
+    summary = summarise(table)
+    err = (100 * (table.predicted_ms_no_interpreter / table.measured_ms - 1)).abs()
+    summary["ablation_no_interpreter"] = {"median_abs_error_pct": float(err.median()),
+                                          "max_abs_error_pct": float(err.max())}
+    for model, part in table.groupby("model"):
+        with_ = (100 * (part.predicted_ms / part.measured_ms - 1)).abs()
+        without = (100 * (part.predicted_ms_no_interpreter / part.measured_ms - 1)).abs()
+        print(f"{model}: median |error| {with_.median():.1f}% (max {with_.max():.1f}%), "
+              f"without the interpreter {without.median():.1f}% (max {without.max():.1f}%)")
+    print(f"all: {summary['median_abs_error_pct']:.1f}% / {summary['max_abs_error_pct']:.1f}%, "
+          f"without the interpreter {err.median():.1f}% / {err.max():.1f}%")
+    write_results("validation_threads", table, {**machine(), "summary": summary,
+                                                "cluster": cluster.to_dict(),
+                                                "models": MODELS, "torch": torch.__version__})
+
+
+if __name__ == "__main__":
+    main()
