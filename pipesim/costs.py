@@ -55,6 +55,11 @@ class StageCost:
     #: parameter bytes (its weight gradients appear as it starts) and of the stage's saved
     #: bytes (freed as it ends).  Empty: one part, everything at once.
     backward_walk: tuple[tuple[float, float, float, float], ...] = ()
+    #: the recomputation's walk forward through the layers (a checkpointed backward): per
+    #: layer ``(end, saved share)`` -- when its re-run forward ends, as a fraction of the
+    #: recomputation (by profiled forward seconds), and its share of the saved bytes, which
+    #: exist from then.  Empty: all at the recomputation's start.
+    recompute_walk: tuple[tuple[float, float], ...] = ()
     #: share of a forward's / a backward's seconds its thread holds the interpreter
     #: (:meth:`pipesim.profile.Profile.interpreter_share`; 0 where not measured): what
     #: stages that are threads of one process cannot do at the same time
@@ -105,6 +110,8 @@ class PlanCosts:
                             max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
                             else span.bwd_transient_bytes),
                         backward_walk=walk,
+                        recompute_walk=_recompute_walk(profile, layers.start, layers.stop, size,
+                                                       extrapolate) if ckpt else (),
                         interpreter_fwd_share=gil[0],
                         interpreter_bwd_share=gil[1],
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
@@ -164,5 +171,18 @@ def _backward_walk(profile: Profile, first: int, stop: int, size: float,
                      float(params[i]) / total_p if total_p > 0 else 1.0 / n,
                      float(saved[i]) / total_b if total_b > 0 else 1.0 / n))
         t += share
+    return tuple(walk)
+
+
+def _recompute_walk(profile: Profile, first: int, stop: int, size: float,
+                    extrapolate: bool) -> tuple[tuple[float, float], ...]:
+    """:attr:`StageCost.recompute_walk` of layers ``first .. stop-1`` at ``size`` samples."""
+    cols = profile.columns_at(size, extrapolate=extrapolate)
+    fwd, saved = cols["fwd_s"][first:stop], cols["saved_bytes"][first:stop]
+    total_s, total_b, n = float(fwd.sum()), float(saved.sum()), stop - first
+    walk, t = [], 0.0
+    for i in range(n):
+        t += float(fwd[i]) / total_s if total_s > 0 else 1.0 / n
+        walk.append((min(t, 1.0), float(saved[i]) / total_b if total_b > 0 else 1.0 / n))
     return tuple(walk)
 

@@ -95,6 +95,8 @@ class _Step(NamedTuple):
     walk: tuple[tuple[float, float, float, float], ...] = ((0.0, 1.0, 1.0, 1.0),)  # see StageCost
     recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
     interpreter_s: float = 0.0  # of ``seconds``, those its thread holds the interpreter
+    recompute_bytes: float = 0.0  # activations it recomputes, appearing along recompute_walk
+    recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -269,6 +271,13 @@ class _Run:
             if track:
                 for category, nbytes in step.alloc_end:
                     deltas.append((device, end, nbytes, category))
+            if track and step.recompute_bytes:
+                # the recomputation re-runs the forward: each layer's saved tensors exist from
+                # the end of its re-run (StageCost.recompute_walk)
+                r_span = (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
+                for t1, share in step.recompute_walk:
+                    deltas.append((device, start + r_span * t1, step.recompute_bytes * share,
+                                   ACTIVATIONS))
             if track and (step.release or step.grads):
                 # the backward proper walks back through the stage's layers: each layer's
                 # weight gradients appear as its backward starts (a stage's first backward
@@ -498,7 +507,12 @@ class Simulator:
         send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
         waits = (s * m * 2 + 1,) if s < n - 1 else ()
         # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
-        gradient_start = [(ACTIVATIONS, c.recompute_bytes - c.freed_first_bytes),
+        # The recomputed activations appear layer by layer as the recomputation runs (see
+        # the worker, _Step.recompute_bytes) -- but for as much as the loss's saved tensors
+        # it frees first: that part takes their place at the start (one instant, one net
+        # change: frees first at an instant would otherwise take them before F kept them)
+        in_place = min(c.recompute_bytes, c.freed_first_bytes)
+        gradient_start = [(ACTIVATIONS, in_place - c.freed_first_bytes),
                           (TEMPORARIES, in_grad + loss_grad)]
         if kind == WEIGHT_GRAD:
             # W: weight gradients from the output gradients I kept, then everything goes
@@ -528,7 +542,8 @@ class Simulator:
         return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or _WHOLE,
-                     interpreter_s=held)
+                     interpreter_s=held, recompute_bytes=c.recompute_bytes - in_place,
+                     recompute_walk=c.recompute_walk or ((0.0, 1.0),))
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""

@@ -611,3 +611,14 @@ def test_the_interpreter_share_is_read_between_sizes_and_validated():
         Profile(prof.table, {"interpreter_share": {"1": {"F": 1.5, "B": 0.0}}})
     with pytest.raises(ProfileError, match="interpreter_share"):
         Profile(prof.table, {"interpreter_share": {"1": 0.5}})
+
+
+def test_a_recomputation_builds_its_activations_up_layer_by_layer():
+    # two equal layers, checkpointed: the re-run forward inside the backward brings each
+    # layer's saved tensors back as that layer's re-run ends, not all at the start
+    prof = uniform_profile(2, sizes=(1, 2))
+    trace = simulate(prof, Plan([2], 1, 1, checkpoint="always"))
+    r = trace.actions.query("kind == 'R'").iloc[0]
+    acts = trace.memory_by_category.query("category == 'activations'")
+    rises = acts[(acts.time > r.start) & (acts.time <= r.end + 1e-12) & (acts.bytes.diff() > 0)]
+    assert list(rises.time) == pytest.approx([r.start + (r.end - r.start) / 2, r.end])
