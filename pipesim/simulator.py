@@ -130,6 +130,9 @@ class _Send(NamedTuple):
     src_device: str
     dst_device: str  # "" when the hand-over needs no new memory
     resource: str  # the link's name in the trace, "dev0->dev1"
+    #: the sender keeps what it sent to the step's end (Cluster.sender_keeps_sends); False
+    #: for a skip that is the stage's output, kept already as the output sent on
+    held: bool = True
 
 
 class _Run:
@@ -193,7 +196,7 @@ class _Run:
             end = start + send.seconds + send.latency_s
             self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
                               self.origin + end, round(send.nbytes), send.resource))
-        keeps = self.sim.cluster.sender_keeps_sends and bool(send.dst_device)
+        keeps = self.sim.cluster.sender_keeps_sends and bool(send.dst_device) and send.held
         if self.sim.track_memory and keeps:
             # the sender's tensor lives on to the step's end (see the Cluster field); its
             # stash no longer frees activations and skips sent (see Simulator._step)
@@ -577,8 +580,14 @@ class Simulator:
             # checkpointed micro-batch's stash holds its output alone)
             stashed = step.stage == a and self._in_stash(name, a, size, nbytes, ckpt)
             keeps = cross and self.cluster.sender_keeps_sends
+            # a skip stashed by the stage's last layer is its output (one storage): when the
+            # output is sent to another device and kept, the skip is kept with it
+            a_device = self.resource_of[self.placement[a]]
+            with_output = (keeps and a < n - 1 and self._crosses(a + 1, a_device)
+                           and self.skip_layer[name] + 1 >= self.plan.stage_layers(a).stop)
             if step.stage == a and step.kind == FORWARD:
-                sends.append(self._send(w, a, b, "SEND_S", nbytes, event))
+                send = self._send(w, a, b, "SEND_S", nbytes, event)
+                sends.append(send._replace(held=False) if with_output else send)
                 alloc_end.append((ACTIVATIONS, 0.0 if stashed else nbytes))
             elif step.stage == b and step.kind == FORWARD:
                 waits.append(event)
@@ -595,7 +604,7 @@ class Simulator:
                 alloc_end.append((RECEIVED, -nbytes if cross else 0.0))
                 # freed by the stashing stage's backward, or at the step's end if sent
                 # to another device whose transport keeps its sends (see _Run._send)
-                if keeps and stashed:
+                if keeps and stashed and not with_output:
                     release -= nbytes
                 elif not keeps and not stashed:
                     alloc_end.append((ACTIVATIONS, -nbytes))

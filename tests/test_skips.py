@@ -16,6 +16,8 @@ from executor.pipeline import Pipeline
 from executor.profiler import profile
 from executor.skip import Pop, SkipError, Stash, check_skips, pop
 from pipesim import Cluster, Plan, Profile, ProfileError, simulate
+from pipesim.cluster import Device, Link
+from pipesim.trace import metrics
 from pipesim.profile import synthetic_profile
 
 UNET = dict(depth=2, width=4, image_size=8)  # 13 layers; skips 1 -> 10 and 3 -> 7
@@ -260,3 +262,19 @@ def test_a_skip_gradient_holds_its_buffer_until_the_backward_ends():
     # the output's gradient (100 bytes) and the skip's (50), posted ahead, both held
     assert held == pytest.approx(150)
     assert received[received.time >= b0.end]["bytes"].iloc[-1] == 0  # freed by its end
+
+
+def test_a_skip_that_is_the_stage_output_is_kept_once_by_a_sender_that_keeps_its_sends():
+    # the Stash is stage 0's last layer: the skip it sends to stage 2 is stage 0's output,
+    # sent to stage 1 too -- one storage: keeping sends costs the same with the skip or not
+    prof = synthetic_profile(6, sizes=(1, 4), act_bytes=50)
+    plan = Plan([2, 2, 2], 4, 4, checkpoint="never")
+    devices = [Device(f"d{i}") for i in range(3)]
+
+    def peak(profile: Profile, keeps: bool) -> float:
+        cluster = Cluster(devices, link=Link(0.0, 1e30), sender_keeps_sends=keeps)
+        return metrics(simulate(profile, plan, cluster)).peak_memory_bytes["d0"]
+
+    skipped = _with_skip(prof, 1, 5)
+    assert peak(skipped, True) - peak(skipped, False) == pytest.approx(
+        peak(prof, True) - peak(prof, False))
