@@ -17,8 +17,8 @@ from executor.profiler import profile
 from executor.skip import Pop, SkipError, Stash, check_skips, pop
 from pipesim import Cluster, Plan, Profile, ProfileError, simulate
 from pipesim.cluster import Device, Link
-from pipesim.trace import metrics
 from pipesim.profile import synthetic_profile
+from pipesim.trace import metrics
 
 UNET = dict(depth=2, width=4, image_size=8)  # 13 layers; skips 1 -> 10 and 3 -> 7
 BATCH = 8  # 4 chunks of 2: interleaving needs a multiple of its 2 devices
