@@ -15,7 +15,9 @@ the cluster's ``action_gap_s`` after its worker and its input are both ready.  O
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
-engine decides when an action runs, that module how fast.
+engine decides when an action runs, that module how fast.  Workers that are threads of
+one process also hold its interpreter for their measured share of each action, one at a
+time; an action then ends when both its work and that share are done.
 
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
@@ -24,12 +26,26 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
     stash       + keep_bytes at the end of F(s, m), - during B(s, m): freed layer by
                 layer as the backward walks back (with the recomputed activations
                 when checkpointed; StageCost.backward_walk)
-    received    + input bytes when an activation arrives from another device,
-                + output bytes when a gradient arrives; freed at the end of B(s, m)
+    recomputed  + during a checkpointed B(s, m)'s recomputation, layer by layer as
+                its re-run forward goes (StageCost.recompute_walk), then freed with
+                the stash as the backward walks back
+    received    + input bytes when an activation arrives from another device (or
+                from when its receive is posted, Cluster.receives_ahead), + output
+                bytes when a gradient arrives; freed at the end of B(s, m); skips and
+                their gradients alike (see Simulator._with_skips)
     transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
                 the input gradient being produced, the loss gradient on the last stage,
-                the recomputed activations when checkpointed, and the backward's own
-                temporaries and weight gradients being formed (``bwd_transient_bytes``)
+                and the backward's own temporaries and weight gradients being formed
+                (``bwd_transient_bytes``)
+    sent        with Cluster.sender_keeps_sends, what a worker sends to another device
+                lives on to the step's end (one storage held once)
+
+Each iteration's backward::
+
+    B(s, m) on a stage of layers a..c, checkpointed:
+      |--- recompute a, b, c ---|--- backward c ---|-- b --|---- a ----|
+      +a      +b      +c         +grads c   -c      +grads b  -b  +grads a  -a
+      (+grads only on the stage's first backward; -x: what layer x saved)
 """
 
 from __future__ import annotations
