@@ -6,6 +6,11 @@
 #   bash experiments/gpu_run.sh cpu16 [--models mlp,gpt]  # 4 and 8 pinned processes
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
+# On the lent machine (10 minutes a call, 30 a session; each command under `timeout`):
+#   call 1: tests, then gpu --stages 2      (about 1 + 6 minutes; measured 2026-11-23)
+#   call 2: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer)
+#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 1 left)
+# and carry .whl (simpy) and experiments/results/gpu from the previous call's tgz.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
 # the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
 # is also packed into $OUT/gpu_results.tgz when the command ends, stopped or not: give the
