@@ -214,7 +214,7 @@ def memory_bars(devices: list[str], predicted: list[float], measured: list[float
     return ax
 
 
-#: colours of the memory categories (pipesim.simulator.MEMORY_CATEGORIES)
+#: colours of the memory categories (pipesim.steps.MEMORY_CATEGORIES)
 CATEGORY_COLOURS = {"parameters": "#8C8C8C", "gradients": "#C44E52", "activations": "#4C72B0",
                     "received": "#8172B3", "temporaries": "#DD8452"}
 

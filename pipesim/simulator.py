@@ -32,7 +32,7 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
     received    + input bytes when an activation arrives from another device (or
                 from when its receive is posted, Cluster.receives_ahead), + output
                 bytes when a gradient arrives; freed at the end of B(s, m); skips and
-                their gradients alike (see Simulator._with_skips)
+                their gradients alike (see pipesim.steps.StepBuilder.with_skips)
     transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
                 the input gradient being produced, the loss gradient on the last stage,
                 and the backward's own temporaries and weight gradients being formed
@@ -52,25 +52,32 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
 import simpy
 
-from pipesim.cluster import FREE, Cluster
+from pipesim.cluster import Cluster
 from pipesim.contention import ProcessorSharing, device_law, host_law, interpreter_law
-from pipesim.costs import PlanCosts, StageCost
-from pipesim.errors import ScheduleError
+from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.schedule import (
     BACKWARD,
-    FORWARD,
-    INPUT_GRAD,
     WEIGHT_GRAD,
     Schedule,
     build_schedule,
+)
+from pipesim.steps import (
+    ACTIVATIONS,
+    GRADIENTS,
+    MEMORY_CATEGORIES,
+    PARAMETERS,
+    RECEIVED,
+    TEMPORARIES,
+    Send,
+    Step,
+    StepBuilder,
 )
 from pipesim.trace import (
     ACTION_COLUMNS,
@@ -92,63 +99,6 @@ class Jitter:
     sigma: float = 0.0
     stragglers: dict[int, float] = field(default_factory=dict)
     seed: int = 0
-
-
-class _Step(NamedTuple):
-    """One action compiled for the SimPy loop (all lookups done once per simulation)."""
-
-    stage: int
-    kind: str
-    waits: tuple[int, ...]  # events it needs: ``base + 2 * mb`` for each base
-    seconds: float  # total duration before jitter (overhead and recomputation included)
-    recompute_s: float
-    alloc_start: Parts  # bytes allocated when it starts, per category
-    alloc_end: Parts  # bytes allocated (negative: freed) when it ends, per category
-    send: _Send | None
-    extra_sends: tuple[_Send, ...] = ()  # skip tensors or gradients it sends
-    release: float = 0.0  # bytes freed progressively while it runs (see walk)
-    grads: float = 0.0  # weight-gradient bytes allocated progressively (a first backward)
-    walk: tuple[tuple[float, float, float, float], ...] = ((0.0, 1.0, 1.0, 1.0),)  # see StageCost
-    recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
-    interpreter_s: float = 0.0  # of ``seconds``, those its thread holds the interpreter
-    recompute_bytes: float = 0.0  # activations it recomputes, appearing along recompute_walk
-    recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
-
-
-#: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
-#: state, weight gradients, activations kept for backward (and recomputed ones), buffers
-#: received from another device, and temporaries (transients, gradients in flight)
-MEMORY_CATEGORIES = ("parameters", "gradients", "activations", "received", "temporaries")
-#: their codes, as memory changes carry them (an index into MEMORY_CATEGORIES)
-PARAMETERS, GRADIENTS, ACTIVATIONS, RECEIVED, TEMPORARIES = range(len(MEMORY_CATEGORIES))
-Parts = tuple[tuple[int, float], ...]
-
-
-def _parts(*pairs: tuple[int, float]) -> Parts:
-    """``(category code, bytes)`` pairs summed per category, zeros dropped."""
-    out: dict[int, float] = {}
-    for category, nbytes in pairs:
-        out[category] = out.get(category, 0.0) + nbytes
-    return tuple((c, v) for c, v in out.items() if v)
-
-
-#: a backward in one part (no per-layer walk known): gradients at its start, frees at its end
-_WHOLE = ((0.0, 1.0, 1.0, 1.0),)
-
-
-class _Send(NamedTuple):
-    kind: str  # SEND_F or SEND_B
-    event: int  # the receiver's event is ``event + 2 * mb``
-    link: tuple[int, int] | None  # (src, dst) worker pair, None for a hand-over
-    seconds: float  # link occupancy: overhead + bytes / bandwidth
-    latency_s: float
-    nbytes: float  # exact (interpolated) bytes: what is allocated is what is freed
-    src_device: str
-    dst_device: str  # "" when the hand-over needs no new memory
-    resource: str  # the link's name in the trace, "dev0->dev1"
-    #: the sender keeps what it sent to the step's end (Cluster.sender_keeps_sends); False
-    #: for a skip that is the stage's output, kept already as the output sent on
-    held: bool = True
 
 
 class _Run:
@@ -201,7 +151,7 @@ class _Run:
 
             self.env.timeout(delay).callbacks.append(arrive)
 
-    def _send(self, src: int, stage: int, mb: int, send: _Send) -> None:
+    def _send(self, src: int, stage: int, mb: int, send: Send) -> None:
         index = send.event + 2 * mb
         now = end = self.env.now
         if send.link is not None:
@@ -215,7 +165,7 @@ class _Run:
         keeps = self.sim.cluster.sender_keeps_sends and bool(send.dst_device) and send.held
         if self.sim.track_memory and keeps:
             # the sender's tensor lives on to the step's end (see the Cluster field); its
-            # stash no longer frees activations and skips sent (see Simulator._step)
+            # stash no longer frees activations and skips sent (see StepBuilder.step)
             gradient = send.kind in ("SEND_B", "SEND_SB")
             if send.kind == "SEND_SB":  # made by the backward, not counted there: count it
                 self.deltas.append((send.src_device, now, send.nbytes, TEMPORARIES))
@@ -400,29 +350,19 @@ class Simulator:
         self._compile()
 
     def _compile(self) -> None:
-        """Turn every action into a shared :class:`_Step` with its times, bytes and send.
+        """Turn every action into a shared :class:`Step` with its times, bytes and send.
 
         Steps depend on the micro-batch only through its cost (size, checkpointing), so
         equal steps are built once: ``programs[w]`` is a list of ``(microbatch, step)``.
         """
         plan, costs = self.plan, self.costs
-        n, m = plan.n_stages, plan.n_microbatches
+        n = plan.n_stages
         workers = range(self.schedule.n_devices)
         # Event (stage * m + mb) * 2 + is_backward: the stage's input (or gradient) arrived;
         # then, per skip crossing stages, 2 * m more: its tensor (or gradient) arrived.
-        stage_of = {layer: s for s in range(n) for layer in plan.stage_layers(s)}
-        self.skips = [(name, stage_of[a], stage_of[b]) for name, a, b in self.profile.skip_routes()
-                      if stage_of[a] != stage_of[b]]
-        self.skip_layer = {name: a for name, a, _ in self.profile.skip_routes()}
-        #: skips whose two ends are in one stage (name, stage), and that stage's first layer
-        #: is not the stashed tensor's maker (then it is the stage input, kept anyway)
-        self.inner_skips = [(name, stage_of[a]) for name, a, b in self.profile.skip_routes()
-                            if stage_of[a] == stage_of[b] and a != plan.stage_layers(stage_of[a]).start]
-        if self.skips and self.schedule.splits_backward:
-            raise ScheduleError(f"schedule {self.schedule.name!r} splits the backward, and skip "
-                                f"connections cross stages here ({', '.join(n for n, *_ in self.skips)})"
-                                ": not modelled yet; use a schedule with a full backward")
-        self.n_events = 2 * n * m + 2 * m * len(self.skips)
+        self.steps = StepBuilder(self.profile, plan, costs, self.cluster, self.schedule,
+                                 self.resource_of)
+        self.n_events = self.steps.n_events
         users = defaultdict(list)
         for w in workers:
             users[self.resource_of[w]].append(w)
@@ -449,11 +389,9 @@ class Simulator:
         for s in range(n):
             self.static_bytes[self.resource_of[self.placement[s]]] += (
                 costs.stage_param_bytes(s) * factor)
-        cache: dict[tuple, _Step] = {}
-        #: (stage, micro-batch) whose backward is split into I and W
-        self.split = {(a.stage, a.microbatch) for a in self.schedule.actions()
-                      if a.kind == INPUT_GRAD}
-        self.programs: list[list[tuple[int, _Step]]] = []
+        cache: dict[tuple, Step] = {}
+        build = self.steps
+        self.programs: list[list[tuple[int, Step]]] = []
         for w in workers:
             grads_seen: set[int] = set()
             program = []
@@ -463,212 +401,17 @@ class Simulator:
                 first_backward = kind in (BACKWARD, WEIGHT_GRAD) and s not in grads_seen
                 if first_backward:
                     grads_seen.add(s)
-                key = (s, kind, id(c), first_backward, (s, mb) in self.split)
+                key = (s, kind, id(c), first_backward, (s, mb) in build.split)
                 if self.durations and (s, kind, mb) in self.durations:
-                    step = self._step(w, s, mb, kind, c, first_backward,
-                                      self.durations[(s, kind, mb)])
-                    step = self._with_skips(step, w, mb)
+                    step = build.with_skips(build.step(w, s, mb, kind, c, first_backward,
+                                                       self.durations[(s, kind, mb)]), w, mb)
                 elif key in cache:
                     step = cache[key]
                 else:
-                    step = cache[key] = self._with_skips(
-                        self._step(w, s, mb, kind, c, first_backward, None), w, mb)
+                    step = cache[key] = build.with_skips(
+                        build.step(w, s, mb, kind, c, first_backward, None), w, mb)
                 program.append((mb, step))
             self.programs.append(program)
-
-    def _step(self, w: int, s: int, mb: int, kind: str, c: StageCost, first_backward: bool,
-              measured: float | None) -> _Step:
-        n, m = self.plan.n_stages, self.plan.n_microbatches
-        # One size per stage boundary, the sender's output, for the activation and its
-        # gradient alike: what one side allocates the other frees, byte for byte.
-        boundary = self.costs.cost(s - 1, mb).output_bytes if s > 0 else 0.0
-        overhead = self.cluster.compute_overhead_s
-        device = self.resource_of[w]
-        if kind == FORWARD:
-            plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
-            seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
-                       if measured is None else measured)
-            send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
-            # transients are held while the forward runs; what it keeps stays at its end
-            t = c.fwd_transient_bytes
-            recv = boundary if s > 0 and self._crosses(s - 1, device) else 0.0
-            return _Step(s, kind, (s * m * 2,) if s > 0 else (), seconds, 0.0,
-                         _parts((TEMPORARIES, t)),
-                         _parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
-                         recv_bytes=recv,
-                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share)
-        in_grad = boundary
-        loss_grad = c.output_bytes if s == n - 1 else 0.0
-        # transients of the backward: a stage's first backward allocates its gradients,
-        # which stay, and its new weight gradients are them (not temporaries beside them);
-        # later ones form weight gradients in temporaries before adding them
-        grads = c.param_bytes if first_backward else 0.0
-        # (layer by layer: at its worst, one layer's new gradients are such temporaries)
-        largest = grads * max((share for _, _, share, _ in c.backward_walk), default=1.0)
-        transient = max(c.bwd_transient_bytes - largest, 0.0)
-        # Freed at the end of the backward (of W when split): stash, recomputed
-        # activations, loss gradient, the received activation (another device's) and the
-        # received gradient.  The input gradient lives on: handed to stage s-1 on this
-        # device, or freed when its send ends.  The stash and the recomputed activations go
-        # as the backward walks back -- but not an output sent to another device whose
-        # sender keeps its sends to the step's end.
-        release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
-        if self.cluster.sender_keeps_sends and s < n - 1 and self._crosses(s + 1, device):
-            release -= c.output_bytes
-        # (the gradient received from stage s+1: a buffer from another device, or its input
-        # gradient handed over on this one)
-        freed = [(TEMPORARIES, -(loss_grad + transient))]
-        if s > 0 and self._crosses(s - 1, device):
-            freed.append((RECEIVED, -boundary))
-        if s < n - 1:
-            freed.append((RECEIVED if self._crosses(s + 1, device) else TEMPORARIES,
-                          -c.output_bytes))
-        send = self._send(w, s, s - 1, "SEND_B", boundary) if s > 0 else None
-        waits = (s * m * 2 + 1,) if s < n - 1 else ()
-        # (a checkpointed loss stage frees the loss's saved tensors before recomputing)
-        # The recomputed activations appear layer by layer as the recomputation runs (see
-        # the worker, _Step.recompute_bytes) -- but for as much as the loss's saved tensors
-        # it frees first: that part takes their place at the start (one instant, one net
-        # change: frees first at an instant would otherwise take them before F kept them)
-        in_place = min(c.recompute_bytes, c.freed_first_bytes)
-        gradient_start = [(ACTIVATIONS, in_place - c.freed_first_bytes),
-                          (TEMPORARIES, in_grad + loss_grad)]
-        if kind == WEIGHT_GRAD:
-            # W: weight gradients from the output gradients I kept, then everything goes
-            seconds = c.bwd_weight_s + overhead if measured is None else measured
-            return _Step(s, kind, (), seconds, 0.0,
-                         _parts((TEMPORARIES, transient)),
-                         _parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
-                         release=release, grads=grads, walk=c.backward_walk or _WHOLE,
-                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share)
-        recompute = c.recompute_s
-        if kind == INPUT_GRAD:
-            # I: the input gradient (after recomputing, when checkpointed); the stash, the
-            # received tensors and the output gradients for W stay until W
-            seconds = c.bwd_input_s + recompute + overhead
-            alloc_start = _parts(*gradient_start, (TEMPORARIES, transient))
-            alloc_end = _parts((TEMPORARIES, c.w_pending_bytes - transient))
-            release = 0.0
-        else:
-            seconds = c.bwd_s + recompute + overhead
-            alloc_start = _parts(*gradient_start, (TEMPORARIES, transient))
-            alloc_end = _parts(*freed)
-        # (a recomputation is a forward: Python issuing, under the interpreter)
-        held = recompute * c.interpreter_fwd_share + (seconds - recompute) * c.interpreter_bwd_share
-        if measured is not None:
-            seconds, recompute, held = measured, min(recompute, measured), 0.0
-        recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
-        return _Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
-                     release=release, recv_bytes=recv,
-                     grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or _WHOLE,
-                     interpreter_s=held, recompute_bytes=c.recompute_bytes - in_place,
-                     recompute_walk=c.recompute_walk or ((0.0, 1.0),))
-
-    def _crosses(self, stage: int, device: str) -> bool:
-        """Whether ``stage`` runs on another physical device than ``device``."""
-        return self.resource_of[self.placement[stage]] != device
-
-    def _with_skips(self, step: _Step, w: int, mb: int) -> _Step:
-        """Add the skip connections that start or end at this step's stage.
-
-        The stashing stage sends the skip tensor straight to the popping stage after its
-        forward and keeps it until its backward, which waits for the skip's gradient; the
-        popping stage waits for it before its forward and frees it at the end of that
-        forward (a merge by addition or concatenation saves nothing), or at the end of its
-        backward when the micro-batch is checkpointed and recomputes; the gradient goes
-        straight back.  The skip tensor costs the stashing stage nothing more when its
-        stash already holds it (the next layer saves it as its input, or it is the stage's
-        output); with a transport that keeps its sends, it lives to the step's end.
-        """
-        if not self.skips and not self.inner_skips:
-            return step
-        release = step.release
-        n, m = self.plan.n_stages, self.plan.n_microbatches
-        size = self.plan.micro_batch_sizes[mb]
-        waits, sends, alloc_end = list(step.waits), list(step.extra_sends), list(step.alloc_end)
-        recv = step.recv_bytes
-        for r, (name, a, b) in enumerate(self.skips):
-            nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
-            event = 2 * n * m + 2 * m * r
-            cross = self.resource_of[self.placement[a]] != self.resource_of[self.placement[b]]
-            ckpt = self.plan.checkpointed(mb)
-            # only the stashing stage asks whether its stash already holds the skip (a
-            # checkpointed micro-batch's stash holds its output alone)
-            stashed = step.stage == a and self._in_stash(name, a, size, nbytes, ckpt)
-            keeps = cross and self.cluster.sender_keeps_sends
-            # a skip stashed by the stage's last layer is its output (one storage): when the
-            # output is sent to another device and kept, the skip is kept with it
-            a_device = self.resource_of[self.placement[a]]
-            with_output = (keeps and a < n - 1 and self._crosses(a + 1, a_device)
-                           and self.skip_layer[name] + 1 >= self.plan.stage_layers(a).stop)
-            if step.stage == a and step.kind == FORWARD:
-                send = self._send(w, a, b, "SEND_S", nbytes, event)
-                sends.append(send._replace(held=False) if with_output else send)
-                alloc_end.append((ACTIVATIONS, 0.0 if stashed else nbytes))
-            elif step.stage == b and step.kind == FORWARD:
-                waits.append(event)
-                recv += nbytes if cross else 0.0  # its buffer, posted ahead or on arrival
-                alloc_end.append((RECEIVED, -nbytes if cross and not ckpt else 0.0))
-            elif step.stage == b:
-                sends.append(self._send(w, b, a, "SEND_SB", nbytes, event + 1))
-                alloc_end.append((RECEIVED, -nbytes if cross and ckpt else 0.0))
-            elif step.stage == a:
-                waits.append(event + 1)
-                # the skip's gradient: a buffer from its posting (or arrival) to the end of
-                # the backward, which takes it beside the output's gradient
-                recv += nbytes if cross else 0.0
-                alloc_end.append((RECEIVED, -nbytes if cross else 0.0))
-                # freed by the stashing stage's backward, or at the step's end if sent
-                # to another device whose transport keeps its sends (see _Run._send)
-                if keeps and stashed and not with_output:
-                    release -= nbytes
-                elif not keeps and not stashed:
-                    alloc_end.append((ACTIVATIONS, -nbytes))
-        if self.plan.checkpointed(mb):
-            for name, stage in self.inner_skips:
-                if stage != step.stage:
-                    continue
-                # A checkpointed forward saves nothing, yet the executor's skip tracker
-                # keeps what the stage's Stash layers stashed (its recomputation pops the
-                # first forward's tensors, executor.skip): from the forward to the backward
-                nbytes = self.profile.skip_bytes(name, size, extrapolate=self.costs.extrapolate)
-                if step.kind == FORWARD:
-                    alloc_end.append((ACTIVATIONS, nbytes))
-                elif step.kind in (BACKWARD, WEIGHT_GRAD):  # the end of the gradient's work
-                    alloc_end.append((ACTIVATIONS, -nbytes))
-        return step._replace(waits=tuple(waits), extra_sends=tuple(sends),
-                             alloc_end=_parts(*alloc_end), release=release, recv_bytes=recv)
-
-    def _in_stash(self, name: str, stage: int, size: float, nbytes: float,
-                  checkpointed: bool) -> bool:
-        """Whether the stashing stage's stash already holds skip ``name``'s tensor."""
-        after = self.skip_layer[name] + 1  # the layer that reads what the Stash passes on
-        layers = self.plan.stage_layers(stage)
-        if after >= layers.stop or after - 1 == layers.start:
-            return True  # the stage's output or input: kept until its backward anyway
-        if checkpointed:
-            return False  # a checkpointed stash: the stage's input and output alone
-        saved = self.profile.at(after, size, extrapolate=self.costs.extrapolate)
-        return saved["saved_input_bytes"] >= 0.99 * nbytes
-
-    def _send(self, src: int, src_stage: int, dst_stage: int, kind: str, nbytes: float,
-              event: int | None = None) -> _Send:
-        m = self.plan.n_microbatches
-        dst = self.placement[dst_stage]
-        if event is None:
-            event = dst_stage * m * 2 + (kind == "SEND_B")
-        src_dev, dst_dev = self.resource_of[src], self.resource_of[dst]
-        # memory moves unless both stages are on one physical device (a hand-over); a
-        # skip's gradient has no receive buffer (consumed at once; see _Run._send)
-        holds = dst_dev != src_dev
-        dst_memory = dst_dev if holds else ""
-        link = self.cluster.link_between(src, dst) if src != dst else FREE
-        over = self.cluster.transfer_overhead_s
-        if src == dst or (link is FREE and not over):
-            return _Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, dst_memory, "")
-        occupancy = over + link.seconds(nbytes) - link.latency_s
-        return _Send(kind, event, (src, dst), occupancy, link.latency_s, nbytes, src_dev,
-                     dst_memory, f"dev{src}->dev{dst}")
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None
