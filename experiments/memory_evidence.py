@@ -40,6 +40,8 @@ from pipesim.trace import metrics
 
 GPT = dict(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=256)
 BATCH = 32
+#: byte columns compared between the CPU and the CUDA profile, layer by layer
+BYTE_COLUMNS = ("saved_bytes", "output_bytes", "fwd_transient_bytes", "bwd_transient_bytes")
 
 
 def parse_plan(label: str) -> Plan:
@@ -86,21 +88,29 @@ def main() -> None:
                          "error_without_transients_pct":
                              100 * (preds["without_transients"] / measured - 1),
                          "recorded_prediction_error_pct": r["err_pct"]})
-        gpu_dir = args.evidence / "traces" / f"gpt_{dtype}"
-        gpu = Profile.load(gpu_dir / "profile.csv")
+        # the H100 profile of the same gpt: this project's latest GPU run (it has the
+        # transient columns), else the one recorded beside the evidence's traces
+        latest = ROOT / "experiments" / "results" / "gpu" / f"profile_gpt_{dtype}.csv"
+        gpu = Profile.load(latest if latest.exists()
+                           else args.evidence / "traces" / f"gpt_{dtype}" / "profile.csv")
+        columns = [c for c in BYTE_COLUMNS if c in gpu.table.columns and c in prof.table.columns]
         for layer in range(prof.n_layers):
             here, there = prof.at(layer, 2), gpu.at(layer, 2)
-            byte_rows.append({"dtype": dtype, "layer": layer, "name": prof.layer_names[layer],
-                              **{f"{c}_cpu": here[c] for c in ("saved_bytes", "output_bytes")},
-                              **{f"{c}_cuda": there[c] for c in ("saved_bytes", "output_bytes")},
-                              "saved_diff_pct": 100 * (here["saved_bytes"] / there["saved_bytes"] - 1)
-                              if there["saved_bytes"] else 0.0})
+            row = {"dtype": dtype, "layer": layer, "name": prof.layer_names[layer],
+                   "cuda_profile": str(gpu.source)}
+            for c in columns:
+                row[f"{c}_cpu"], row[f"{c}_cuda"] = here[c], there[c]
+                row[f"{c}_diff_pct"] = (100 * (here[c] / there[c] - 1) if there[c]
+                                        else (0.0 if not here[c] else float("inf")))
+            byte_rows.append(row)
     table = pd.DataFrame(rows)
     write_results("memory_evidence", table, {"evidence": str(args.evidence)})
     write_results("memory_evidence_bytes", pd.DataFrame(byte_rows), {"size": 2})
     with pd.option_context("display.width", 160):
         print(table.round(2).to_string(index=False))
-        print(pd.DataFrame(byte_rows).round(2).to_string(index=False))
+        diffs = pd.DataFrame(byte_rows)
+        print(diffs[["dtype", "layer", "name"] + [c for c in diffs.columns if c.endswith("_pct")]]
+              .round(2).to_string(index=False))
     for dtype, part in table.groupby("dtype"):
         print(f"{dtype}: median |error| {part.error_pct.abs().median():.1f}%, max "
               f"{part.error_pct.abs().max():.1f}% (without transients "

@@ -256,7 +256,8 @@ class Profile:
         if not 0 <= layer < self.n_layers:
             raise IndexError(f"layer {layer} not in profile of {self.n_layers} layers")
         cols = self.columns_at(micro_batch, extrapolate=extrapolate)
-        return {c: float(cols[c][layer]) for c in _TIME_COLUMNS + _BYTE_COLUMNS}
+        return {c: float(cols[c][layer])
+                for c in _TIME_COLUMNS + _BYTE_COLUMNS + self.optional_columns}
 
     def span_cost(
         self, first: int, stop: int, micro_batch: float, *, extrapolate: bool = False
