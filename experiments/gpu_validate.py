@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import sys
 import time
 from pathlib import Path
@@ -90,7 +91,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--iterations", type=int, default=5, help="timed iterations, at least")
+    ap.add_argument("--min-seconds", type=float, default=0.5,
+                    help="time each plan for at least this long (more iterations, at most 100)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--out", default=str(RESULTS / "gpu"))
     ap.add_argument("--dtypes", default="float32,bfloat16")
@@ -146,7 +149,7 @@ def main() -> None:
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)
 
                 def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages,
-                            name=name, dtype=dtype):
+                            name=name, dtype=dtype, prof=prof, cluster=cluster):
                     traces = []
                     for p in ps:
                         # one pipeline at a time, its memory freed before the next plan:
@@ -156,9 +159,14 @@ def main() -> None:
                                 f"{p.schedule}_m{p.chunks}_{p.checkpoint}.pickle"
                                 if dev.type == "cuda" and p.chunks == 4 and
                                 p.checkpoint == "always" else None)
+                        # enough iterations to time at least --min-seconds of the plan
+                        # (two runs of one schedule differed by 12-15% median on mlp with 5)
+                        guess = metrics(simulate(prof, p, cluster, track_memory=False))
+                        its = int(min(100, max(args.iterations, math.ceil(
+                            args.min_seconds / max(guess.iteration_time_s, 1e-6)))))
                         with Pipeline(module, p, devices=[args.device] * n_stages,
                                       loss_fn=loss_fn) as pipe:
-                            traces.append(pipe.run(x, y, iterations=args.iterations,
+                            traces.append(pipe.run(x, y, iterations=its,
                                                    warmup=2, memory_snapshot=snap).trace)
                         module.zero_grad(set_to_none=True)
                         del pipe
