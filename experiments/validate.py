@@ -38,6 +38,7 @@ from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
     CHECKPOINT_COSTS,
     grid,
+    noise_floor,
     predict_and_measure,
     replay_error,
     save_measured_actions,
@@ -167,6 +168,10 @@ def repredict(results: Path, tag: str) -> None:
     for label, col in (("as saved", "predicted_ms"), ("today's model", "predicted_ms_now")):
         err = (100 * (table[col] / table.measured_ms - 1)).abs()
         print(f"{label:14s}: median |error| {err.median():5.1f}%, max {err.max():5.1f}%")
+    floor = noise_floor(table)
+    if floor is not None:
+        print(f"noise floor    : one schedule measured twice (GPipe and 1F1B at one micro-batch) "
+              f"differs by {floor[0]:.1f}% median, {floor[1]:.1f}% max")
     table.to_csv(results / f"validation_{tag}_repredicted.csv", index=False)
 
 

@@ -146,4 +146,23 @@ def summarise(table: pd.DataFrame) -> dict:
         chosen = part.loc[part.throughput_pred.idxmax()]
         regrets.append(1 - chosen.throughput_meas / part.throughput_meas.max())
     out["tuner_regret_pct"] = float(100 * np.max(regrets))
+    floor = noise_floor(table)
+    if floor is not None:
+        out["noise_floor_median_pct"], out["noise_floor_max_pct"] = floor
     return out
+
+
+def noise_floor(table: pd.DataFrame) -> tuple[float, float] | None:
+    """Median and max |difference| (%) between two measurements of one schedule: at one
+    micro-batch GPipe and 1F1B run the same actions in the same order, so what sets their
+    measured times apart is the machine.  A prediction error under this floor cannot be
+    told from noise.  None where the grid lacks such pairs."""
+    one = table[table.chunks == 1]
+    if not {"gpipe", "1f1b"} <= set(one.schedule):
+        return None
+    pairs = one.pivot_table(index=["model", "balance", "checkpoint"], columns="schedule",
+                            values="measured_ms").dropna()
+    if pairs.empty:
+        return None
+    diff = (100 * (pairs["1f1b"] / pairs["gpipe"] - 1)).abs()
+    return float(diff.median()), float(diff.max())

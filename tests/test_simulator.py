@@ -622,3 +622,20 @@ def test_a_recomputation_builds_its_activations_up_layer_by_layer():
     acts = trace.memory_by_category.query("category == 'activations'")
     rises = acts[(acts.time > r.start) & (acts.time <= r.end + 1e-12) & (acts.bytes.diff() > 0)]
     assert list(rises.time) == pytest.approx([r.start + (r.end - r.start) / 2, r.end])
+
+
+def test_the_noise_floor_compares_one_schedule_measured_twice():
+    from experiments.validation import noise_floor
+
+    rows = [dict(model="a", balance="1,1", checkpoint="never", chunks=1, schedule="gpipe",
+                 measured_ms=10.0),
+            dict(model="a", balance="1,1", checkpoint="never", chunks=1, schedule="1f1b",
+                 measured_ms=11.0),
+            dict(model="a", balance="1,1", checkpoint="always", chunks=1, schedule="gpipe",
+                 measured_ms=20.0),
+            dict(model="a", balance="1,1", checkpoint="always", chunks=1, schedule="1f1b",
+                 measured_ms=19.0),
+            dict(model="a", balance="1,1", checkpoint="never", chunks=4, schedule="1f1b",
+                 measured_ms=99.0)]
+    assert noise_floor(pd.DataFrame(rows)) == pytest.approx((7.5, 10.0))
+    assert noise_floor(pd.DataFrame(rows[:1] + rows[4:])) is None
