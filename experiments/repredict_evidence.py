@@ -117,27 +117,28 @@ def traces(evidence: Path) -> list[dict]:
 
 def grid_2stages(evidence: Path) -> list[dict]:
     """Rows for the 240-plan GPU grid of the evidence (iteration times: no traces kept)."""
-    # (its peaks are not compared: that executor measured them without freeing the plans
-    # before, -45% to -86% "error" then)
-    return _gpu_grid("grid_2stages", evidence / "grid_2stages", memory=False)
+    return _gpu_grid("grid_2stages", evidence / "grid_2stages")
+
+
+#: the project's latest GPU run (2026-11-23 on an H100: the same grid, the executor's
+#: long-lived workers, the measured concurrency law, each plan's memory freed before the next)
+LATEST_GPU = ROOT / "experiments" / "results" / "gpu"
 
 
 def grid_gpu_results(_evidence: Path) -> list[dict]:
-    """Rows for the project's latest GPU grid, ``experiments/results/gpu/`` (2026-11-23 on
-    an H100: the same grid, the executor's long-lived workers, measured concurrency law)."""
-    return _gpu_grid("gpu_results", ROOT / "experiments" / "results" / "gpu", memory=True)
+    """Rows for the project's latest GPU grid, :data:`LATEST_GPU`."""
+    return _gpu_grid("gpu_results", LATEST_GPU)
 
 
-def _gpu_grid(source: str, folder: Path, memory: bool) -> list[dict]:
-    """Rows for a ``gpu_validate.py`` grid in ``folder``.  Its profiles carry the measured
-    concurrency law where the run measured it; a run that wrote it only to
-    ``device_speedup.json`` (before profiles carried it) has it put back in the profile.
-    With ``memory``, each plan's peak allocated is predicted too (:data:`MEMORY_ROWS`)."""
+def _gpu_plans(folder: Path):
+    """``(model, dtype, profile, cluster, plan, row)`` for every plan of the
+    ``gpu_validate.py`` grid in ``folder``.  Its profiles carry the measured concurrency
+    law where the run measured it; a run that wrote it only to ``device_speedup.json``
+    (before profiles carried it) has it put back in the profile."""
     table = pd.read_csv(folder / "validation_gpu.csv")
     cluster = Cluster.load(folder / "calibration_2stages.json")
     laws_file = folder / "device_speedup.json"
     laws = json.loads(laws_file.read_text()) if laws_file.exists() else {}
-    rows = []
     for (label, dtype), part in table.groupby(["model", "dtype"]):
         model = label.split("/")[0]
         profile = Profile.load(folder / f"profile_{model}_{dtype}.csv")
@@ -145,25 +146,33 @@ def _gpu_grid(source: str, folder: Path, memory: bool) -> list[dict]:
             measured = {size: law["measured"] for size, law in laws[label].items()}
             profile = Profile(profile.table, {**profile.meta, "stream_speedup": measured},
                               profile.source)
-        batch = _batch_bytes(model, dtype)
         for r in part.itertuples():
-            plan = _plan(r.balance, r.chunks, r.checkpoint, r.schedule)
-            rows += _variants(source, model, dtype, profile, cluster, plan, r.measured_ms,
-                              r.bubble_meas)
-            if not memory:
-                continue
-            # peak allocated of the one GPU (both stages), the caller's batch included
-            peak = sum(metrics(simulate(profile, plan, cluster)).peak_memory_bytes.values())
-            MEMORY_ROWS.append({"source": source, "model": model, "dtype": dtype,
-                                "plan": plan.label(), "peak_pred_bytes": peak + batch,
-                                "peak_meas_bytes": r.peak_meas_bytes,
-                                "peak_pred_bytes_as_run": r.peak_pred_bytes})
+            yield model, dtype, profile, cluster, _plan(r.balance, r.chunks, r.checkpoint,
+                                                        r.schedule), r
+
+
+def _gpu_grid(source: str, folder: Path) -> list[dict]:
+    """Rows for a ``gpu_validate.py`` grid in ``folder`` (iteration times, every variant)."""
+    rows = []
+    for model, dtype, profile, cluster, plan, r in _gpu_plans(folder):
+        rows += _variants(source, model, dtype, profile, cluster, plan, r.measured_ms,
+                          r.bubble_meas)
     return rows
 
 
-#: memory rows of the GPU grids (today's model against the allocator's peak), filled as
-#: the grids are re-predicted
-MEMORY_ROWS: list[dict] = []
+def gpu_memory(folder: Path = LATEST_GPU) -> pd.DataFrame:
+    """Peak allocated of the one GPU (both stages, the caller's batch included) predicted
+    for every plan of the grid in ``folder``, beside the allocator's peak and the
+    prediction made as it ran.  (Not for the evidence's grid: that executor measured
+    peaks without freeing the plans before, -45% to -86% "error" then.)"""
+    rows = []
+    for model, dtype, profile, cluster, plan, r in _gpu_plans(folder):
+        peak = sum(metrics(simulate(profile, plan, cluster)).peak_memory_bytes.values())
+        rows.append({"source": "gpu_results", "model": model, "dtype": dtype,
+                     "plan": plan.label(), "peak_pred_bytes": peak + _batch_bytes(model, dtype),
+                     "peak_meas_bytes": r.peak_meas_bytes,
+                     "peak_pred_bytes_as_run": r.peak_pred_bytes})
+    return pd.DataFrame(rows)
 
 
 def _batch_bytes(model: str, dtype: str) -> int:
@@ -215,8 +224,8 @@ def main() -> None:
     with pd.option_context("display.width", 160, "display.max_rows", 200):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     meta = {"evidence": str(args.evidence), "variants": list(VARIANTS)}
-    if MEMORY_ROWS:
-        memory = pd.DataFrame(MEMORY_ROWS)
+    if "gpu_results" in args.sources.split(","):
+        memory = gpu_memory()
         for col, label in (("peak_pred_bytes_as_run", "as run"), ("peak_pred_bytes", "today")):
             err = 100 * (memory[col] / memory.peak_meas_bytes - 1)
             memory[f"error_{col}_pct"] = err

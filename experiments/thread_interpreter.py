@@ -21,6 +21,7 @@ Writes experiments/results/[gpu/]thread_interpreter.csv.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import sys
 import threading
@@ -69,13 +70,15 @@ def _actions(device: torch.device, batch: int) -> dict[str, list[Callable[[], No
     return {"F": [forward(0), forward(1)], "B": [backward(0), backward(1)]}
 
 
+def _on(stream: torch.cuda.Stream | None):
+    """The context that issues to ``stream`` (nothing to do on a CPU)."""
+    return torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+
+
 def _median_s(fn: Callable[[], None], device: torch.device, repeats: int,
               stream: torch.cuda.Stream | None) -> float:
     times = []
-    ctx = torch.cuda.stream(stream) if stream is not None else None
-    if ctx is not None:
-        ctx.__enter__()
-    try:
+    with _on(stream):
         fn()
         synchronize(device)
         for _ in range(repeats):
@@ -83,9 +86,6 @@ def _median_s(fn: Callable[[], None], device: torch.device, repeats: int,
             fn()
             synchronize(device)
             times.append(time.perf_counter() - t0)
-    finally:
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
     return statistics.median(times)
 
 
@@ -99,13 +99,9 @@ def measure(device: torch.device, repeats: int) -> list[dict]:
             stop = threading.Event()
 
             def busy(other: str = other, stop: threading.Event = stop) -> None:
-                ctx = torch.cuda.stream(streams[1]) if streams[1] is not None else None
-                if ctx is not None:
-                    ctx.__enter__()
-                while not stop.is_set():
-                    actions[other][1]()
-                if ctx is not None:
-                    ctx.__exit__(None, None, None)
+                with _on(streams[1]):
+                    while not stop.is_set():
+                        actions[other][1]()
 
             worker = threading.Thread(target=busy, daemon=True) if other != "-" else None
             if worker is not None:

@@ -431,28 +431,40 @@ class Profile:
         """The measured concurrency law at ``micro_batch`` (``meta["stream_speedup"]``, see
         the module doc), linear between measured sizes and the nearest one outside them;
         None where it was not measured.  Raises ProfileError on a malformed entry."""
-        table = self.meta.get("stream_speedup")
-        if not table:
-            return None
-        try:
-            laws = sorted((float(size), [float(v) for v in law]) for size, law in table.items())
-        except (AttributeError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{self.source}: meta['stream_speedup'] must map a micro-batch "
-                               f"size to a list of speedups, got {table!r}") from exc
-        for size, law in laws:
-            if not law or any(not 1.0 <= v <= k + 1 for k, v in enumerate(law)):
-                raise ProfileError(f"{self.source}: meta['stream_speedup'][{size:g}] = {law}: "
-                                   "each s_k must lie in [1, k]")
-        sizes = [size for size, _ in laws]
-        if micro_batch <= sizes[0]:
-            return laws[0][1]
-        if micro_batch >= sizes[-1]:
-            return laws[-1][1]
-        hi = next(i for i, size in enumerate(sizes) if size >= micro_batch)
-        (a, law_a), (b, law_b) = laws[hi - 1], laws[hi]
-        w = (micro_batch - a) / (b - a)
-        k = min(len(law_a), len(law_b))
-        return [(1 - w) * law_a[i] + w * law_b[i] for i in range(k)]
+        table = self._measured_by_size("stream_speedup")
+        return None if table is None else _at_size(table, micro_batch)
+
+    def _measured_by_size(self, key: str) -> list[tuple[float, list[float]]] | None:
+        """``meta[key]`` (``stream_speedup`` or ``interpreter_share``) parsed, validated and
+        sorted by micro-batch size, once; None where it was not measured."""
+        cache = self.__dict__.setdefault("_by_size", {})
+        if key in cache:
+            return cache[key]
+        table = self.meta.get(key)
+        parsed = None
+        if table:
+            try:
+                if key == "stream_speedup":
+                    parsed = sorted((float(size), [float(v) for v in law])
+                                    for size, law in table.items())
+                else:
+                    parsed = sorted((float(size), [float(v["F"]), float(v["B"])])
+                                    for size, v in table.items())
+            except (AttributeError, KeyError, TypeError, ValueError) as exc:
+                shape = ("a list of speedups" if key == "stream_speedup"
+                         else "{'F': share, 'B': share}")
+                raise ProfileError(f"{self.source}: meta['{key}'] must map a micro-batch size "
+                                   f"to {shape}, got {table!r}") from exc
+            for size, values in parsed:
+                if key == "stream_speedup" and (
+                        not values or any(not 1.0 <= v <= k + 1 for k, v in enumerate(values))):
+                    raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = {values}: "
+                                       "each s_k must lie in [1, k]")
+                if key == "interpreter_share" and not all(0.0 <= v <= 1.0 for v in values):
+                    raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
+                                       f"{tuple(values)}: shares lie in [0, 1]")
+        cache[key] = parsed
+        return parsed
 
     @cached_property
     def _pass_through(self) -> tuple[int, ...]:
@@ -463,29 +475,11 @@ class Profile:
         """``(forward, backward)``: the share of an action's seconds its thread holds the
         interpreter (``meta["interpreter_share"]``, see the module doc), linear between
         the measured sizes and the nearest outside them; None where not measured."""
-        table = self.meta.get("interpreter_share")
-        if not table:
+        table = self._measured_by_size("interpreter_share")
+        if table is None:
             return None
-        try:
-            shares = sorted((float(size), (float(v["F"]), float(v["B"])))
-                            for size, v in table.items())
-        except (AttributeError, KeyError, TypeError, ValueError) as exc:
-            raise ProfileError(f"{self.source}: meta['interpreter_share'] must map a "
-                               f"micro-batch size to {{'F': share, 'B': share}}, got {table!r}"
-                               ) from exc
-        for size, pair in shares:
-            if not all(0.0 <= v <= 1.0 for v in pair):
-                raise ProfileError(f"{self.source}: meta['interpreter_share'][{size:g}] = "
-                                   f"{pair}: shares lie in [0, 1]")
-        sizes = [size for size, _ in shares]
-        if micro_batch <= sizes[0]:
-            return shares[0][1]
-        if micro_batch >= sizes[-1]:
-            return shares[-1][1]
-        hi = next(i for i, size in enumerate(sizes) if size >= micro_batch)
-        (a, (fa, ba)), (b, (fb, bb)) = shares[hi - 1], shares[hi]
-        w = (micro_batch - a) / (b - a)
-        return (1 - w) * fa + w * fb, (1 - w) * ba + w * bb
+        forward, backward = _at_size(table, micro_batch)
+        return forward, backward
 
     def skip_routes(self) -> list[tuple[str, int, int]]:
         """Skip connections as ``(name, stashing layer, popping layer)`` (from the metadata)."""
@@ -592,6 +586,20 @@ def _convert(table: pd.DataFrame, column: str, kind: str, source: str) -> pd.Ser
             )
         return numbers.astype("int64")
     return numbers.astype(float)
+
+
+def _at_size(table: list[tuple[float, list[float]]], micro_batch: float) -> list[float]:
+    """Values measured per micro-batch size (sorted), linear between the sizes and the
+    nearest one outside them (as many values as both neighbours have)."""
+    sizes = [size for size, _ in table]
+    if micro_batch <= sizes[0]:
+        return list(table[0][1])
+    if micro_batch >= sizes[-1]:
+        return list(table[-1][1])
+    hi = next(i for i, size in enumerate(sizes) if size >= micro_batch)
+    (a, lo_values), (b, hi_values) = table[hi - 1], table[hi]
+    w = (micro_batch - a) / (b - a)
+    return [(1 - w) * x + w * y for x, y in zip(lo_values, hi_values, strict=False)]
 
 
 def validate_table(table: pd.DataFrame, source: str = "<memory>") -> pd.DataFrame:
