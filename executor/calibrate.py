@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from executor.host_allocator import retain_freed_memory
 from pipesim.cluster import Cluster, Device, Link
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
@@ -217,6 +218,7 @@ def _contention_loop(rank: int, barrier, iterations: int, world: int, port: int,
     from executor.models import builtin_job
 
     torch.set_num_threads(1)
+    retain_freed_memory()
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))

@@ -31,6 +31,7 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
+from executor.host_allocator import retain_freed_memory
 from executor.memtrack import (
     Timeline,
     Tracker,
@@ -254,6 +255,7 @@ def _free_port() -> int:
 def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, Schedule]],
             options: dict, results: mp.Queue) -> None:
     try:
+        retain_freed_memory()  # before the model exists: every tensor under one policy
         threads = options.get("threads_per_rank")
         if threads:
             torch.set_num_threads(threads)

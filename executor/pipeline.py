@@ -30,6 +30,7 @@ from torch import nn
 
 from executor.batchnorm import commit_deferred_batch_norm
 from executor.cuda_peaks import CUDA_PEAK_COUNTS, cuda_peaks, plan_bytes, reset_cuda_peaks
+from executor.host_allocator import retain_freed_memory
 from executor.memtrack import (
     Timeline,
     Tracker,
@@ -96,6 +97,7 @@ def measured_meta(plan: Plan, schedule: Schedule, transport: str, devices: dict,
     meta = {"source": "measured", "transport": transport, "batch_size": plan.batch_size,
             "plan": plan.to_dict(), "schedule": schedule.name, "devices": devices,
             "iterations": iterations, "warmup": warmup, **extra, "torch": torch.__version__,
+            "host_allocator": retain_freed_memory(),
             "median_loss": statistics.median(losses) if losses else None}
     if peaks:
         meta["peak_memory"] = peaks
@@ -139,6 +141,7 @@ class Pipeline:
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
                  schedule: Schedule | None = None, timeout_s: float = 300.0,
                  track_memory: bool = True):
+        retain_freed_memory()  # the policy the profile was taken under (host_allocator)
         self.plan = plan
         self.track_memory = track_memory
         self.schedule = schedule or build_schedule(plan)

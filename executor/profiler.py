@@ -34,6 +34,7 @@ from torch.utils.checkpoint import checkpoint
 from tqdm.auto import tqdm
 
 from executor import split_backward
+from executor.host_allocator import retain_freed_memory
 from executor.memory import module_bytes, parameter_keys, record_saved_tensors, tensor_bytes
 from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.skip import SkipTracker, check_skips, use_tracker
@@ -331,7 +332,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     share of a forward and of a backward that holds the interpreter
     (:func:`measure_interpreter_share`, ``meta["interpreter_share"]``): what the simulator
     needs for stages that are threads of one process.  Returns a :class:`pipesim.Profile`;
-    ``meta`` adds to its metadata.
+    ``meta`` adds to its metadata.  Sets this process's host allocator policy
+    (:func:`executor.host_allocator.retain_freed_memory`), as the pipelines do.
     """
     if not isinstance(model, nn.Sequential):
         raise TypeError(f"profile needs an nn.Sequential, got {type(model).__name__}")
@@ -343,6 +345,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         raise ValueError(f"sample batch has {inputs.shape[0]} samples, fewer than the largest "
                          f"micro-batch size {sizes[-1]}")
     device = torch.device(device)
+    # the host allocator the runs use (executor.host_allocator), before any tensor is made
+    allocator = retain_freed_memory()
     model.to(device=device, dtype=dtype).train()
     layers = list(model)
     rows = []
@@ -417,6 +421,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "torch_version": torch.__version__,
         "cuda_version": torch.version.cuda,
         "threads": torch.get_num_threads(),
+        "host_allocator": allocator,
         "repeats": repeats,
         "warmup": warmup,
         "repetition": "passes over all layers",
