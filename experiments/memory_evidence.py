@@ -6,7 +6,15 @@ stages as threads on one H100), ``torch.cuda.max_memory_allocated`` of fresh pro
 Bytes do not depend on the device except where kernels differ, so the model is profiled
 here on CPU (in the same dtype) at micro-batches of 1 and 2 samples -- bytes are linear
 in the micro-batch size -- and extrapolated to 2, 8 and 32.  The prediction adds the
-batch (token ids on the device) as the recorded runs held it.  A second table compares
+batch (token ids on the device) as the recorded runs held it.
+
+The 14 plans were run again on 2026-11-23 by today's executor (``gpu_validate.py``, in
+``experiments/results/gpu/validation_gpu.csv``: the plan's own allocator peak, memory of
+earlier plans excluded).  Each case is also compared with that measurement
+(``measured_today_bytes``, ``error_vs_today_pct``), and the difference between the two
+measurements is printed: where the plan ran the same way it is one constant, memory the
+2026-11-22 executor counted that is not the plan's (its peak was the process's absolute
+``max_memory_allocated``).  A second table compares
 the CPU profile's byte columns with the GPU profile recorded beside the traces, layer by
 layer: where they differ, the kernels do.
 
@@ -30,7 +38,7 @@ import torch
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import write_results
-from experiments.repredict_evidence import EVIDENCE
+from experiments.repredict_evidence import EVIDENCE, LATEST_GPU
 from experiments.validation import TRANSIENTS, without_columns
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
@@ -54,6 +62,19 @@ def parse_plan(label: str) -> Plan:
 def cases(evidence: Path) -> list[dict]:
     lines = (evidence / "thread_and_memory_results.txt").read_text().splitlines()
     return [json.loads(line) for line in lines if line.startswith("{")]
+
+
+def measured_today(dtype: str, plan: Plan) -> float:
+    """The same plan's peak in today's H100 grid (:data:`LATEST_GPU`), NaN if absent."""
+    path = LATEST_GPU / "validation_gpu.csv"
+    if not path.exists():
+        return float("nan")
+    grid = pd.read_csv(path, dtype={"balance": str})
+    same = grid[(grid.model == f"gpt/{dtype}/2st")
+                & (grid.balance == ",".join(map(str, plan.balance)))
+                & (grid.chunks == plan.n_microbatches) & (grid.checkpoint == plan.checkpoint)
+                & (grid.schedule == plan.schedule)]
+    return float(same.peak_meas_bytes.iloc[0]) if len(same) else float("nan")
 
 
 def cpu_profile(dtype: str) -> Profile:
@@ -82,9 +103,13 @@ def main() -> None:
                 peak = max(metrics(simulate(p, plan, cluster, extrapolate=True))
                            .peak_memory_bytes.values())
                 preds[name] = peak + batch_bytes
+            today = measured_today(dtype, plan)
             rows.append({"dtype": dtype, "plan": r["plan"], "measured_bytes": measured,
                          "predicted_bytes": preds["with_transients"],
                          "error_pct": 100 * (preds["with_transients"] / measured - 1),
+                         "measured_today_bytes": today,
+                         "recorded_minus_today_MiB": (measured - today) / 2**20,
+                         "error_vs_today_pct": 100 * (preds["with_transients"] / today - 1),
                          "error_without_transients_pct":
                              100 * (preds["without_transients"] / measured - 1),
                          "recorded_prediction_error_pct": r["err_pct"]})
@@ -120,6 +145,12 @@ def main() -> None:
               f"{part.recorded_prediction_error_pct.abs().max():.1f}%)")
     err = table.error_pct.abs()
     print(f"all 14: median |error| {err.median():.1f}%, max {err.max():.1f}%")
+    today = table.error_vs_today_pct.dropna().abs()
+    if len(today):
+        offsets = table.recorded_minus_today_MiB.round(3).value_counts()
+        print(f"against today's executor on the same plans ({len(today)}): median |error| "
+              f"{today.median():.1f}%, max {today.max():.1f}%; recorded minus today "
+              f"(MiB: cases) {offsets.to_dict()}")
 
 
 if __name__ == "__main__":

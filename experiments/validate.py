@@ -5,7 +5,9 @@
 3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
    and 1F1B) through ``executor.distributed`` (2 processes x 1 thread) and simulate it;
 4. print median/max |error| of iteration time, bubble error, Spearman rank correlation
-   of throughput, the tuner's regret, and the replay check.
+   of throughput, the tuner's regret (in the grid, and confirmed: the best-predicted and
+   the best-measured plan re-run side by side, :func:`experiments.validation.confirm_choice`),
+   and the replay check.
 
     python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick]
 Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and figures.
@@ -37,6 +39,7 @@ from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
     CHECKPOINT_COSTS,
+    confirm_choice,
     grid,
     noise_floor,
     predict_and_measure,
@@ -89,7 +92,7 @@ def main() -> None:
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
           f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
           "between actions", flush=True)
-    tables, replays = [], []
+    tables, replays, choices = [], [], []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
     for name in args.models.split(","):
@@ -118,6 +121,7 @@ def main() -> None:
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
         tables.append(table)
+        choices.append({"model": name, **confirm_choice(table, plans, measure)})
         save_measured_actions(actions_path, name, plans, traces)
         # written as each model finishes: a run cut short keeps its finished grids
         pd.concat(tables, ignore_index=True).to_csv(results / f"validation_{tag}.csv",
@@ -135,6 +139,8 @@ def main() -> None:
         summary[f"ablation_{col[len('predicted_ms_'):]}"] = {
             "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max())}
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
+    summary["tuner_regret_confirmed_pct"] = max(max(c["regret_pct"] for c in choices), 0.0)
+    summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
             "stages": args.stages, "pinned": args.pin, "threads_per_rank": args.threads,

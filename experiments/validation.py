@@ -1,13 +1,15 @@
 """Shared pieces of the validation experiments (CPU processes and GPU).
 
 ``predict_and_measure`` runs a grid of plans, ``summarise`` prints the error figures the
-issues ask for, ``replay_error`` feeds a run's own measured durations back into the
+issues ask for, ``confirm_choice`` re-measures the tuner's pick against the fastest plan
+measured, ``replay_error`` feeds a run's own measured durations back into the
 simulator.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from collections.abc import Callable
 from pathlib import Path
 
@@ -150,6 +152,27 @@ def summarise(table: pd.DataFrame) -> dict:
     if floor is not None:
         out["noise_floor_median_pct"], out["noise_floor_max_pct"] = floor
     return out
+
+
+def confirm_choice(table: pd.DataFrame, plans: list[Plan], measure: Measure,
+                   rounds: int = 3) -> dict:
+    """Regret of choosing by prediction, settled by measuring again.
+
+    ``table`` holds one model's grid (rows in the order of ``plans``).  Each plan there was
+    measured once, and the fastest of 60 noisy measurements is biased low, so the grid's
+    regret mostly measures noise.  Here the best-predicted plan and the best-measured one
+    are re-run side by side, alternating, ``rounds`` times each: regret is
+    ``1 - t_best / t_chosen`` from the median iteration times (negative when the chosen
+    plan proves the faster)."""
+    chosen = int(np.argmax(table.throughput_pred.to_numpy()))
+    best = int(np.argmax(table.throughput_meas.to_numpy()))
+    out = {"chosen": plans[chosen].label(), "best_measured": plans[best].label()}
+    if chosen == best:
+        return {**out, "regret_pct": 0.0, "rounds": 0}
+    times = [metrics(t).iteration_time_s for t in measure([plans[chosen], plans[best]] * rounds)]
+    t_chosen, t_best = statistics.median(times[0::2]), statistics.median(times[1::2])
+    return {**out, "chosen_ms": 1e3 * t_chosen, "best_ms": 1e3 * t_best,
+            "regret_pct": 100 * (1 - t_best / t_chosen), "rounds": rounds}
 
 
 def noise_floor(table: pd.DataFrame) -> tuple[float, float] | None:
