@@ -46,6 +46,7 @@ from torch import nn
 
 from executor.calibrate import calibrate_cpu
 from executor.distributed import _free_port, spawn_plans
+from executor.host_allocator import retain_freed_memory
 from executor.models import builtin_job
 from executor.partition import split_module
 from executor.profiler import profile
@@ -94,6 +95,8 @@ def _rank(rank: int, world: int, port: int, job, runs: list[tuple[str, list[int]
 
     try:
         torch.set_num_threads(1)
+        # the allocator policy pipesim's ranks and profiles run under: compared like for like
+        retain_freed_memory()
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=180))
         for index, (case, balance, schedule) in enumerate(runs):
