@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from executor.models import builtin_job
 from executor.partition import split_module
@@ -40,6 +41,9 @@ from executor.timing import synchronize
 from experiments.common import machine, write_results
 
 SIZES = dict(vocab=256, d_model=32, n_layers=8, n_heads=2, seq_len=8)  # launch-bound
+#: forward, backward, and both for a checkpointed micro-batch (torch.utils.checkpoint:
+#: Python hooks on every saved tensor; the backward recomputes)
+KINDS = ("F", "B", "Fc", "Bc")
 
 
 def _actions(device: torch.device, batch: int) -> dict[str, list[Callable[[], None]]]:
@@ -53,21 +57,30 @@ def _actions(device: torch.device, batch: int) -> dict[str, list[Callable[[], No
         mid = halves[0](x)
     inputs = [x, mid.requires_grad_()]
 
-    def forward(i: int) -> Callable[[], None]:
+    def stage(i: int, checkpointed: bool) -> Callable[[], torch.Tensor]:
+        if checkpointed:  # as the executor runs a checkpointed micro-batch
+            return lambda: checkpoint(halves[i], inputs[i], use_reentrant=False,
+                                      preserve_rng_state=True)
+        return lambda: halves[i](inputs[i])
+
+    def forward(i: int, checkpointed: bool = False) -> Callable[[], None]:
+        run_stage = stage(i, checkpointed)
+
         def run() -> None:
-            out = halves[i](inputs[i])
+            out = run_stage()
             del out
         return run
 
-    def backward(i: int) -> Callable[[], None]:
-        out = halves[i](inputs[i])
+    def backward(i: int, checkpointed: bool = False) -> Callable[[], None]:
+        out = stage(i, checkpointed)()
         loss = loss_fn(out, y) if i == 1 else out.float().sum()
 
-        def run() -> None:  # the backward alone: one graph, kept between calls
-            loss.backward(retain_graph=True)
+        def run() -> None:  # the backward alone (recomputing, when checkpointed): one
+            loss.backward(retain_graph=True)  # graph, kept between calls
         return run
 
-    return {"F": [forward(0), forward(1)], "B": [backward(0), backward(1)]}
+    return {"F": [forward(0), forward(1)], "B": [backward(0), backward(1)],
+            "Fc": [forward(0, True), forward(1, True)], "Bc": [backward(0, True), backward(1, True)]}
 
 
 def _on(stream: torch.cuda.Stream | None):
@@ -94,8 +107,8 @@ def measure(device: torch.device, repeats: int) -> list[dict]:
     streams = ([torch.cuda.Stream(device), torch.cuda.Stream(device)]
                if device.type == "cuda" else [None, None])
     rows = []
-    for kind in ("F", "B"):
-        for other in ("-", "F", "B"):
+    for kind in KINDS:
+        for other in ("-", *KINDS):
             stop = threading.Event()
 
             def busy(other: str = other, stop: threading.Event = stop) -> None:

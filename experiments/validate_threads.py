@@ -38,6 +38,7 @@ from experiments.validation import predict_and_measure, summarise
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster, Device
 from pipesim.plan import Plan
+from pipesim.profile import Profile
 
 #: small models: per-operation overhead is much of their time, as on a GPU's launch-bound
 #: layers
@@ -82,8 +83,13 @@ def main() -> None:
                 module.zero_grad(set_to_none=True)
             return traces
 
+        # one mechanism out each: the interpreter; the checkpointed passes' own shares
+        plain = {b: {k: g for k, g in v.items() if k in ("F", "B")}
+                 for b, v in prof.meta["interpreter_share"].items()}
+        no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain})
         table, _ = predict_and_measure(prof, plans, cluster, measure, name,
-                                       {"no_interpreter": (prof, apart)})
+                                       {"no_interpreter": (prof, apart),
+                                        "no_ckpt_share": (no_ckpt_share, cluster)})
         tables.append(table)
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "predicted_ms_no_interpreter", "measured_ms", "error_pct"]]
@@ -93,6 +99,11 @@ def main() -> None:
     err = (100 * (table.predicted_ms_no_interpreter / table.measured_ms - 1)).abs()
     summary["ablation_no_interpreter"] = {"median_abs_error_pct": float(err.median()),
                                           "max_abs_error_pct": float(err.max())}
+    plain = (100 * (table.predicted_ms_no_ckpt_share / table.measured_ms - 1)).abs()
+    summary["ablation_no_ckpt_share"] = {"median_abs_error_pct": float(plain.median()),
+                                         "max_abs_error_pct": float(plain.max())}
+    print(f"without the checkpointed passes' own shares: {plain.median():.1f}% / "
+          f"{plain.max():.1f}%")
     for model, part in table.groupby("model"):
         with_ = (100 * (part.predicted_ms / part.measured_ms - 1)).abs()
         without = (100 * (part.predicted_ms_no_interpreter / part.measured_ms - 1)).abs()

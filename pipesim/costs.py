@@ -65,6 +65,10 @@ class StageCost:
     #: stages that are threads of one process cannot do at the same time
     interpreter_fwd_share: float = 0.0
     interpreter_bwd_share: float = 0.0
+    #: a checkpointed micro-batch's backward (recomputation included) measured as one
+    #: pass: the share of all its seconds; None: the recomputation at the forward's share,
+    #: the rest at the backward's
+    interpreter_ckpt_bwd_share: float | None = None
 
 
 class PlanCosts:
@@ -87,6 +91,9 @@ class PlanCosts:
                     span = profile.span_cost(layers.start, layers.stop, size, extrapolate=extrapolate)
                     walk = _backward_walk(profile, layers.start, layers.stop, size, extrapolate)
                     gil = profile.interpreter_share(size) or (0.0, 0.0)
+                    # torch.utils.checkpoint runs Python hooks on every saved tensor: a
+                    # checkpointed pass holds the interpreter for its own measured share
+                    gil_ckpt = profile.checkpointed_interpreter_share(size) if ckpt else None
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
@@ -112,8 +119,9 @@ class PlanCosts:
                         backward_walk=walk,
                         recompute_walk=_recompute_walk(profile, layers.start, layers.stop, size,
                                                        extrapolate) if ckpt else (),
-                        interpreter_fwd_share=gil[0],
+                        interpreter_fwd_share=gil_ckpt[0] if gil_ckpt else gil[0],
                         interpreter_bwd_share=gil[1],
+                        interpreter_ckpt_bwd_share=gil_ckpt[1] if gil_ckpt else None,
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,

@@ -60,6 +60,14 @@ running the model's forward+backward together finish ``s_j`` times the work of o
 reads it; :meth:`pipesim.costs.PlanCosts.device_speedup` prefers it to the law the
 profile's size scaling implies.
 
+Workers that are threads of one process hold its interpreter one at a time.  Where the
+profiler measured it (``profile(..., interpreter=True)``), ``meta["interpreter_share"]``
+maps a micro-batch size to ``{"F": g, "B": g[, "Fc": g, "Bc": g]}``: the share of a
+forward's, a backward's (and a checkpointed micro-batch's forward and recomputing
+backward) seconds its thread holds the interpreter, read off two threads running the
+pass together against one alone.  :meth:`Profile.interpreter_share` and
+:meth:`Profile.checkpointed_interpreter_share` read it.
+
 Timing layers one at a time costs something a stage does not pay (each layer's own
 autograd call, cold caches between layers): summed, per-layer times exceed the measured
 whole model by a few percent to ~15% on a CPU.  When the metadata holds the whole
@@ -447,12 +455,13 @@ class Profile:
                 if key == "stream_speedup":
                     parsed = sorted((float(size), [float(v) for v in law])
                                     for size, law in table.items())
-                else:
-                    parsed = sorted((float(size), [float(v["F"]), float(v["B"])])
+                else:  # F, B, and where measured the checkpointed Fc, Bc
+                    parsed = sorted((float(size), [float(v[k]) for k in _SHARE_KINDS if
+                                                   k in v or k in ("F", "B")])
                                     for size, v in table.items())
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 shape = ("a list of speedups" if key == "stream_speedup"
-                         else "{'F': share, 'B': share}")
+                         else "{'F': share, 'B': share[, 'Fc': share, 'Bc': share]}")
                 raise ProfileError(f"{self.source}: meta['{key}'] must map a micro-batch size "
                                    f"to {shape}, got {table!r}") from exc
             for size, values in parsed:
@@ -478,7 +487,17 @@ class Profile:
         table = self._measured_by_size("interpreter_share")
         if table is None:
             return None
-        forward, backward = _at_size(table, micro_batch)
+        forward, backward = _at_size(table, micro_batch)[:2]
+        return forward, backward
+
+    def checkpointed_interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
+        """``(forward, backward)`` shares of a checkpointed micro-batch's forward (inside
+        ``torch.utils.checkpoint``, whose hooks are Python) and backward (recomputing), as
+        :meth:`interpreter_share`; None where only the plain passes were measured."""
+        table = self._measured_by_size("interpreter_share")
+        if table is None or any(len(values) < 4 for _, values in table):
+            return None
+        forward, backward = _at_size(table, micro_batch)[2:4]
         return forward, backward
 
     def skip_routes(self) -> list[tuple[str, int, int]]:
@@ -586,6 +605,10 @@ def _convert(table: pd.DataFrame, column: str, kind: str, source: str) -> pd.Ser
             )
         return numbers.astype("int64")
     return numbers.astype(float)
+
+
+#: the passes whose interpreter share the profiler measures (meta["interpreter_share"])
+_SHARE_KINDS = ("F", "B", "Fc", "Bc")
 
 
 def _at_size(table: list[tuple[float, list[float]]], micro_batch: float) -> list[float]:

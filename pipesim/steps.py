@@ -204,7 +204,9 @@ class StepBuilder:
             alloc_start = parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = parts(*freed)
         # (a recomputation is a forward: Python issuing, under the interpreter)
-        held = recompute * c.interpreter_fwd_share + (seconds - recompute) * c.interpreter_bwd_share
+        held = (seconds * c.interpreter_ckpt_bwd_share if c.interpreter_ckpt_bwd_share is not None
+                else recompute * c.interpreter_fwd_share
+                + (seconds - recompute) * c.interpreter_bwd_share)
         if measured is not None:
             seconds, recompute, held = measured, min(recompute, measured), 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0

@@ -113,7 +113,10 @@ def test_profile_with_interpreter_measures_each_kinds_share_at_each_size(tmp_pat
                    progress=False, checkpointed=False, split=False, interpreter=True)
     shares = prof.meta["interpreter_share"]
     assert set(shares) == {"2", "4"}
-    for share in shares.values():
-        assert 0.0 <= share["F"] <= 1.0 and 0.0 <= share["B"] <= 1.0
+    for share in shares.values():  # plain and checkpointed forward and backward
+        assert set(share) == {"F", "B", "Fc", "Bc"}
+        assert all(0.0 <= g <= 1.0 for g in share.values())
     back = Profile.load(prof.save(tmp_path / "p.csv"))
     assert back.interpreter_share(4) == pytest.approx((shares["4"]["F"], shares["4"]["B"]))
+    assert back.checkpointed_interpreter_share(4) == pytest.approx(
+        (shares["4"]["Fc"], shares["4"]["Bc"]))

@@ -599,6 +599,29 @@ def test_threads_of_one_process_take_turns_for_their_interpreter_share():
     assert metrics(simulate(half, plan, threads)).iteration_time_s == pytest.approx(free)
 
 
+def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_share():
+    # F and B measured outside the interpreter, their checkpointed kind wholly under it:
+    # only the checkpointed plan's threads take turns
+    threads = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)])
+    apart = Cluster([Device(f"t{i}", physical=f"core{i}") for i in range(2)])
+    prof = uniform_profile(2, sizes=(1, 2))
+    meta = {**prof.meta, "interpreter_share": {str(b): {"F": 0.0, "B": 0.0, "Fc": 1.0, "Bc": 1.0}
+                                               for b in prof.micro_batch_sizes}}
+    shares = Profile(prof.table, meta)
+    assert shares.checkpointed_interpreter_share(1) == (1.0, 1.0)
+    assert prof.checkpointed_interpreter_share(1) is None
+    for mode, slower in (("never", False), ("always", True)):
+        plan = Plan([1, 1], 4, 4, checkpoint=mode)
+        alone = metrics(simulate(shares, plan, apart)).iteration_time_s
+        together = metrics(simulate(shares, plan, threads)).iteration_time_s
+        assert (together > alone * 1.01) is slower, mode
+    # a recomputing backward holds it for all its seconds, recomputation included
+    b = PlanCosts(shares, Plan([1, 1], 4, 4, checkpoint="always")).cost(1, 0)
+    assert b.interpreter_ckpt_bwd_share == 1.0 and b.interpreter_fwd_share == 1.0
+    never = Plan([1, 1], 4, 4, checkpoint="never")
+    assert PlanCosts(shares, never).cost(1, 0).interpreter_ckpt_bwd_share is None
+
+
 def test_the_interpreter_share_is_read_between_sizes_and_validated():
     from pipesim.errors import ProfileError
 
