@@ -330,8 +330,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     (> 1) also measures, at each size, how ``1..streams`` worker threads share the device
     (:func:`measure_device_speedup`, ``meta["stream_speedup"]``): what the simulator needs
     for pipeline stages placed on one GPU.  ``interpreter`` also measures, at each size, the
-    share of a forward and of a backward that holds the interpreter
-    (:func:`measure_interpreter_share`, ``meta["interpreter_share"]``): what the simulator
+    share of each pass (forward, backward, and both checkpointed) that holds the
+    interpreter and its slowdown there while contended (:func:`measure_interpreter_share`,
+    ``meta["interpreter_share"]``, ``meta["interpreter_slowdown"]``): what the simulator
     needs for stages that are threads of one process.  Returns a :class:`pipesim.Profile`;
     ``meta`` adds to its metadata.  Sets this process's host allocator policy
     (:func:`executor.host_allocator.retain_freed_memory`), as the pipelines do.
@@ -440,6 +441,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     }
     law: dict[str, list[float]] = {}
     shares: dict[str, dict[str, float]] = {}
+    slowdowns: dict[str, dict[str, float]] = {}
     for b in sizes if streams > 1 or interpreter else ():
         x0 = inputs[:b].to(device)
         if dtype is not None and x0.is_floating_point():
@@ -449,12 +451,13 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             law[str(b)] = measure_device_speedup(model, loss_fn or _sum_loss, x0, y0, device,
                                                  streams)
         if interpreter:
-            shares[str(b)] = measure_interpreter_share(model, loss_fn or _sum_loss, x0, y0,
-                                                       device)
+            shares[str(b)], slowdowns[str(b)] = measure_interpreter_share(
+                model, loss_fn or _sum_loss, x0, y0, device)
     if law:
         info["stream_speedup"] = law
     if shares:
         info["interpreter_share"] = shares
+        info["interpreter_slowdown"] = slowdowns
     info.update(meta or {})
     return Profile(table=table, meta=info)
 
@@ -513,20 +516,25 @@ def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y:
 
 def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
                               y: torch.Tensor, device: str | torch.device = "cpu",
-                              iterations: int = 20) -> dict[str, float]:
-    """The share of each pass that holds the interpreter, from two threads running it
-    together against one alone (each with its own replica, on a GPU its own stream):
-    ``{"F": forward, "B": backward, "Fc": forward inside torch.utils.checkpoint, "Bc":
-    its backward, recomputing}`` (``meta["interpreter_share"]`` per size).
+                              iterations: int = 20
+                              ) -> tuple[dict[str, float], dict[str, float]]:
+    """``(shares, slowdowns)``: the share of each pass that holds the interpreter, and how
+    much slower than its turn it runs there while contended, from two threads running it
+    together against one alone (each with its own replica, on a GPU its own stream); per
+    pass ``F`` (forward), ``B`` (backward), ``Fc`` (forward inside torch.utils.checkpoint)
+    and ``Bc`` (its backward, recomputing): ``meta["interpreter_share"]`` and
+    ``meta["interpreter_slowdown"]`` at one size.
 
     Two passes of ``T`` seconds that each hold the interpreter ``g T`` and overlap fully
     take ``max(T, 2 g T)`` (pipesim.contention.interpreter_law), so ``g = ratio / 2``,
-    clamped to [0, 1] (a ratio at or under 1 leaves ``g`` at most 1/2: it reads 1/2 there).
+    clamped to [0, 1] (a ratio at or under 1 leaves ``g`` at most 1/2: it reads 1/2 there);
+    a ratio over 2 is a pass held wholly that also loses time waiting for the lock, by
+    ``ratio / 2`` (the slowdown, 1 otherwise).
     The backward is timed on a graph built once (``retain_graph``): autograd's engine
     runs it outside the interpreter, the forward is Python issuing operations.  The
     checkpointed passes run the checkpoint's Python hooks on every saved tensor, and the
     recomputation is a forward run from the engine: on this project's CPU two checkpointed
-    forwards together took 2.6-3.5x one alone (plain ones 1.8-2.0x), which clamps at 1.
+    forwards together took 2.6-3.5x one alone (plain ones 1.8-2.0x).
     """
     dev = torch.device(device)
     xs, ys = x.to(dev), y.to(dev)
@@ -539,11 +547,12 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
         passes["B"].append(functools.partial(loss.backward, retain_graph=True))
         recomputing = loss_fn(checkpoint(replica, xs, use_reentrant=False), ys)
         passes["Bc"].append(functools.partial(recomputing.backward, retain_graph=True))
-    shares = {}
+    shares, slowdowns = {}, {}
     for kind, steps in passes.items():
         ratio = _threads_wall(steps, dev, iterations) / _threads_wall(steps[:1], dev, iterations)
         shares[kind] = min(max(ratio / 2, 0.0), 1.0)
-    return shares
+        slowdowns[kind] = max(ratio / 2, 1.0)
+    return shares, slowdowns
 
 
 def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor],

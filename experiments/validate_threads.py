@@ -83,13 +83,16 @@ def main() -> None:
                 module.zero_grad(set_to_none=True)
             return traces
 
-        # one mechanism out each: the interpreter; the checkpointed passes' own shares
+        # mechanisms out: the interpreter; the checkpointed shares and all slowdowns; the slowdowns
         plain = {b: {k: g for k, g in v.items() if k in ("F", "B")}
                  for b, v in prof.meta["interpreter_share"].items()}
-        no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain})
+        no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain,
+                                             "interpreter_slowdown": {}})
+        no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
         table, _ = predict_and_measure(prof, plans, cluster, measure, name,
                                        {"no_interpreter": (prof, apart),
-                                        "no_ckpt_share": (no_ckpt_share, cluster)})
+                                        "no_ckpt_share": (no_ckpt_share, cluster),
+                                        "no_slowdown": (no_slowdown, cluster)})
         tables.append(table)
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "predicted_ms_no_interpreter", "measured_ms", "error_pct"]]
@@ -102,8 +105,13 @@ def main() -> None:
     plain = (100 * (table.predicted_ms_no_ckpt_share / table.measured_ms - 1)).abs()
     summary["ablation_no_ckpt_share"] = {"median_abs_error_pct": float(plain.median()),
                                          "max_abs_error_pct": float(plain.max())}
-    print(f"without the checkpointed passes' own shares: {plain.median():.1f}% / "
+    print(f"with the plain passes' shares alone (no Fc, Bc, no slowdown): {plain.median():.1f}% / "
           f"{plain.max():.1f}%")
+    turns = (100 * (table.predicted_ms_no_slowdown / table.measured_ms - 1)).abs()
+    summary["ablation_no_slowdown"] = {"median_abs_error_pct": float(turns.median()),
+                                       "max_abs_error_pct": float(turns.max())}
+    print(f"without the contended slowdown (plain turns): {turns.median():.1f}% / "
+          f"{turns.max():.1f}%")
     for model, part in table.groupby("model"):
         with_ = (100 * (part.predicted_ms / part.measured_ms - 1)).abs()
         without = (100 * (part.predicted_ms_no_interpreter / part.measured_ms - 1)).abs()

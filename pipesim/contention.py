@@ -10,7 +10,10 @@ resources are shared this way:
   GPU), law :func:`device_law`;
 * the **interpreter** of a process whose threads are workers: the share of an action
   that holds it runs one thread at a time, :func:`interpreter_law` (the action ends when
-  both its work and that share are done).
+  both its work and that share are done).  A pass whose Python is cut into many short
+  sections (torch.utils.checkpoint's hooks) loses more than its turn: each section waits
+  for the lock anew, so it runs ``slowdown`` times slower still while contended
+  (:meth:`ProcessorSharing.run`).
 
 Both are *processor sharing*: while ``k`` actions run on the resource, each progresses at
 ``rate(k)`` seconds of work per second (``rate(1) == 1``).  An action of ``w`` seconds of
@@ -98,25 +101,28 @@ def speedup_from_scaling(time_at: Callable[[float], float], size: float, streams
 class ProcessorSharing:
     """A resource shared by the actions running on it, each at ``law(k)`` (see module doc).
 
-    Each running action has work left (seconds at full speed); all progress at the same
-    rate, which changes whenever an action starts or ends, so one timer -- to the next
-    completion -- is kept and rebuilt on every change.
+    Each running action has work left (seconds at full speed); all progress at the law's
+    rate (an action with a ``slowdown`` at that rate over its slowdown while it has
+    company), which changes whenever an action starts or ends, so one timer -- to the
+    next completion -- is kept and rebuilt on every change.
     """
 
     def __init__(self, env: simpy.Environment, law: RateLaw):
         self.env, self.law = env, law
         self.work: dict[simpy.Event, float] = {}
+        self.slowdown: dict[simpy.Event, float] = {}
         self.last = 0.0
         self.timer = 0  # generation of the pending timer: older ones are ignored
 
-    def _rate(self) -> float:
-        return self.law(len(self.work)) if self.work else 1.0
+    def _rate(self, ev: simpy.Event) -> float:
+        k = len(self.work)
+        return self.law(k) / self.slowdown[ev] if k > 1 else 1.0
 
     def _advance(self) -> None:
         now = self.env.now
-        done = (now - self.last) * self._rate()
+        elapsed = now - self.last
         for ev in self.work:
-            self.work[ev] -= done
+            self.work[ev] -= elapsed * self._rate(ev)
         self.last = now
 
     def _schedule(self) -> None:
@@ -124,7 +130,7 @@ class ProcessorSharing:
         if not self.work:
             return
         generation = self.timer
-        delay = max(min(self.work.values()), 0.0) / self._rate()
+        delay = min(max(w, 0.0) / self._rate(ev) for ev, w in self.work.items())
         self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
 
     def _expire(self, generation: int) -> None:
@@ -132,15 +138,16 @@ class ProcessorSharing:
             return
         self._advance()
         for ev in [e for e, w in self.work.items() if w <= 1e-12]:
-            del self.work[ev]
+            del self.work[ev], self.slowdown[ev]
             ev.succeed()
         self._schedule()
 
-    def run(self, seconds: float) -> simpy.Event:
-        """An event that fires when ``seconds`` of work is done at the shared rate."""
+    def run(self, seconds: float, slowdown: float = 1.0) -> simpy.Event:
+        """An event that fires when ``seconds`` of work is done at the shared rate, over
+        ``slowdown`` (>= 1) whenever the resource is shared."""
         self._advance()
         ev = self.env.event()
-        self.work[ev] = seconds
+        self.work[ev], self.slowdown[ev] = seconds, slowdown
         self._schedule()
         return ev
 

@@ -69,6 +69,11 @@ class StageCost:
     #: pass: the share of all its seconds; None: the recomputation at the forward's share,
     #: the rest at the backward's
     interpreter_ckpt_bwd_share: float | None = None
+    #: how much slower than its turn the forward's / the backward's interpreter share runs
+    #: while another thread wants the interpreter (>= 1; the checkpointed passes' own where
+    #: the micro-batch is checkpointed): :meth:`pipesim.profile.Profile.interpreter_slowdown`
+    interpreter_fwd_slowdown: float = 1.0
+    interpreter_bwd_slowdown: float = 1.0
 
 
 class PlanCosts:
@@ -94,6 +99,7 @@ class PlanCosts:
                     # torch.utils.checkpoint runs Python hooks on every saved tensor: a
                     # checkpointed pass holds the interpreter for its own measured share
                     gil_ckpt = profile.checkpointed_interpreter_share(size) if ckpt else None
+                    slow = profile.interpreter_slowdown(size)
                     # The input is the previous stage's output, accounted on arrival.
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
@@ -122,6 +128,8 @@ class PlanCosts:
                         interpreter_fwd_share=gil_ckpt[0] if gil_ckpt else gil[0],
                         interpreter_bwd_share=gil[1],
                         interpreter_ckpt_bwd_share=gil_ckpt[1] if gil_ckpt else None,
+                        interpreter_fwd_slowdown=slow["Fc" if ckpt else "F"],
+                        interpreter_bwd_slowdown=slow["Bc" if ckpt else "B"],
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,

@@ -66,7 +66,11 @@ maps a micro-batch size to ``{"F": g, "B": g[, "Fc": g, "Bc": g]}``: the share o
 forward's, a backward's (and a checkpointed micro-batch's forward and recomputing
 backward) seconds its thread holds the interpreter, read off two threads running the
 pass together against one alone.  :meth:`Profile.interpreter_share` and
-:meth:`Profile.checkpointed_interpreter_share` read it.
+:meth:`Profile.checkpointed_interpreter_share` read it.  Two passes that hold it wholly
+take twice one alone if they simply take turns; a pass whose Python is cut into many
+short sections (the checkpoint's hooks) takes longer still, each section waiting for the
+lock anew: ``meta["interpreter_slowdown"]`` (same shape, values >= 1: half the measured
+ratio where it exceeds 2) is that extra factor, :meth:`Profile.interpreter_slowdown`.
 
 Timing layers one at a time costs something a stage does not pay (each layer's own
 autograd call, cold caches between layers): summed, per-layer times exceed the measured
@@ -178,6 +182,7 @@ class Profile:
         self.skip_routes()  # validates the skip metadata, if any
         self.stream_speedup(1.0)  # and the measured concurrency law, if any
         self.interpreter_share(1.0)  # and the measured interpreter shares, if any
+        self.interpreter_slowdown(1.0)
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -443,8 +448,9 @@ class Profile:
         return None if table is None else _at_size(table, micro_batch)
 
     def _measured_by_size(self, key: str) -> list[tuple[float, list[float]]] | None:
-        """``meta[key]`` (``stream_speedup`` or ``interpreter_share``) parsed, validated and
-        sorted by micro-batch size, once; None where it was not measured."""
+        """``meta[key]`` (``stream_speedup``, ``interpreter_share`` or
+        ``interpreter_slowdown``) parsed, validated and sorted by micro-batch size, once;
+        None where it was not measured."""
         cache = self.__dict__.setdefault("_by_size", {})
         if key in cache:
             return cache[key]
@@ -455,9 +461,12 @@ class Profile:
                 if key == "stream_speedup":
                     parsed = sorted((float(size), [float(v) for v in law])
                                     for size, law in table.items())
-                else:  # F, B, and where measured the checkpointed Fc, Bc
+                elif key == "interpreter_share":  # F, B, and where measured Fc, Bc
                     parsed = sorted((float(size), [float(v[k]) for k in _SHARE_KINDS if
                                                    k in v or k in ("F", "B")])
+                                    for size, v in table.items())
+                else:  # a slowdown per kind, 1 where not measured
+                    parsed = sorted((float(size), [float(v.get(k, 1.0)) for k in _SHARE_KINDS])
                                     for size, v in table.items())
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 shape = ("a list of speedups" if key == "stream_speedup"
@@ -472,6 +481,9 @@ class Profile:
                 if key == "interpreter_share" and not all(0.0 <= v <= 1.0 for v in values):
                     raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
                                        f"{tuple(values)}: shares lie in [0, 1]")
+                if key == "interpreter_slowdown" and not all(v >= 1.0 for v in values):
+                    raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
+                                       f"{tuple(values)}: slowdowns are at least 1")
         cache[key] = parsed
         return parsed
 
@@ -489,6 +501,14 @@ class Profile:
             return None
         forward, backward = _at_size(table, micro_batch)[:2]
         return forward, backward
+
+    def interpreter_slowdown(self, micro_batch: float) -> dict[str, float]:
+        """Per pass (``F``, ``B``, ``Fc``, ``Bc``), how much slower than its turn it runs
+        while other threads want the interpreter too (``meta["interpreter_slowdown"]``,
+        see the module doc); 1 where not measured."""
+        table = self._measured_by_size("interpreter_slowdown")
+        values = _at_size(table, micro_batch) if table else [1.0] * len(_SHARE_KINDS)
+        return dict(zip(_SHARE_KINDS, values, strict=True))
 
     def checkpointed_interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
         """``(forward, backward)`` shares of a checkpointed micro-batch's forward (inside

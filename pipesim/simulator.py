@@ -233,7 +233,7 @@ class _Run:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
                 held = step.interpreter_s * (seconds / step.seconds if step.seconds else 1.0)
-                yield simpy.AllOf(env, [work, interpreter.run(held)])
+                yield simpy.AllOf(env, [work, interpreter.run(held, step.interpreter_slowdown)])
             else:
                 yield work
             end = env.now

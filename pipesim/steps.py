@@ -52,6 +52,7 @@ class Step(NamedTuple):
     walk: tuple[tuple[float, float, float, float], ...] = ((0.0, 1.0, 1.0, 1.0),)  # see StageCost
     recv_bytes: float = 0.0  # its input (gradient) from another device: the receive buffer
     interpreter_s: float = 0.0  # of ``seconds``, those its thread holds the interpreter
+    interpreter_slowdown: float = 1.0  # those seconds' slowdown while it has company
     recompute_bytes: float = 0.0  # activations it recomputes, appearing along recompute_walk
     recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
 
@@ -146,7 +147,8 @@ class StepBuilder:
                          parts((TEMPORARIES, t)),
                          parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
                          recv_bytes=recv,
-                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share)
+                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
+                         interpreter_slowdown=c.interpreter_fwd_slowdown)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -190,7 +192,8 @@ class StepBuilder:
                          parts((TEMPORARIES, transient)),
                          parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
-                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share)
+                         interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
+                         interpreter_slowdown=c.interpreter_bwd_slowdown)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -213,7 +216,8 @@ class StepBuilder:
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or WHOLE,
-                     interpreter_s=held, recompute_bytes=c.recompute_bytes - in_place,
+                     interpreter_s=held, interpreter_slowdown=c.interpreter_bwd_slowdown,
+                     recompute_bytes=c.recompute_bytes - in_place,
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),))
 
     def _crosses(self, stage: int, device: str) -> bool:

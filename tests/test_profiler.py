@@ -116,6 +116,8 @@ def test_profile_with_interpreter_measures_each_kinds_share_at_each_size(tmp_pat
     for share in shares.values():  # plain and checkpointed forward and backward
         assert set(share) == {"F", "B", "Fc", "Bc"}
         assert all(0.0 <= g <= 1.0 for g in share.values())
+    for slowdown in prof.meta["interpreter_slowdown"].values():  # beyond taking turns
+        assert set(slowdown) == {"F", "B", "Fc", "Bc"} and min(slowdown.values()) >= 1.0
     back = Profile.load(prof.save(tmp_path / "p.csv"))
     assert back.interpreter_share(4) == pytest.approx((shares["4"]["F"], shares["4"]["B"]))
     assert back.checkpointed_interpreter_share(4) == pytest.approx(

@@ -622,6 +622,45 @@ def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_s
     assert PlanCosts(shares, never).cost(1, 0).interpreter_ckpt_bwd_share is None
 
 
+def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
+    import simpy
+
+    from pipesim.contention import ProcessorSharing, interpreter_law
+
+    env = simpy.Environment()
+    lock = ProcessorSharing(env, interpreter_law)
+    ends = {}
+
+    def job(name, seconds, slowdown, at=0.0):
+        yield env.timeout(at)
+        yield lock.run(seconds, slowdown)
+        ends[name] = env.now
+
+    # A (slowdown 1.5) beside B (1 s each): B at 1/2 ends at 2 s, A has done 2/3 at 1/3
+    # and finishes its last third alone; C alone later is not slowed at all
+    env.process(job("A", 1.0, 1.5))
+    env.process(job("B", 1.0, 1.0))
+    env.process(job("C", 1.0, 3.0, at=5.0))
+    env.run()
+    assert ends == pytest.approx({"B": 2.0, "A": 2.0 + 1.0 / 3.0, "C": 6.0})
+
+
+def test_the_interpreter_slowdown_is_read_per_pass_and_validated():
+    from pipesim.errors import ProfileError
+
+    prof = uniform_profile(2, sizes=(1, 4))
+    slow = Profile(prof.table, {"interpreter_slowdown": {"1": {"F": 1.0, "Fc": 1.5},
+                                                         "4": {"F": 1.2, "Fc": 1.5}}})
+    assert slow.interpreter_slowdown(4) == pytest.approx({"F": 1.2, "B": 1.0, "Fc": 1.5,
+                                                         "Bc": 1.0})
+    assert prof.interpreter_slowdown(2) == {"F": 1.0, "B": 1.0, "Fc": 1.0, "Bc": 1.0}
+    with pytest.raises(ProfileError, match="at least 1"):
+        Profile(prof.table, {"interpreter_slowdown": {"1": {"F": 0.5}}})
+    # a checkpointed micro-batch's actions carry the checkpointed passes' slowdowns
+    cost = PlanCosts(slow, Plan([1, 1], 2, 2, checkpoint="always")).cost(0, 0)
+    assert (cost.interpreter_fwd_slowdown, cost.interpreter_bwd_slowdown) == (1.5, 1.0)
+
+
 def test_the_interpreter_share_is_read_between_sizes_and_validated():
     from pipesim.errors import ProfileError
 
