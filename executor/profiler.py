@@ -20,6 +20,7 @@ import copy
 import datetime as _dt
 import functools
 import itertools
+import math
 import platform
 import statistics
 import threading
@@ -516,7 +517,8 @@ def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y:
 
 def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
                               y: torch.Tensor, device: str | torch.device = "cpu",
-                              iterations: int = 20
+                              iterations: int = 20, trials: int = 3,
+                              min_seconds: float = 0.05
                               ) -> tuple[dict[str, float], dict[str, float]]:
     """``(shares, slowdowns)``: the share of each pass that holds the interpreter, and how
     much slower than its turn it runs there while contended, from two threads running it
@@ -549,7 +551,14 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
         passes["Bc"].append(functools.partial(recomputing.backward, retain_graph=True))
     shares, slowdowns = {}, {}
     for kind, steps in passes.items():
-        ratio = _threads_wall(steps, dev, iterations) / _threads_wall(steps[:1], dev, iterations)
+        # long enough to time (a tiny pass 20 times is mostly the threads' start), and the
+        # median of three pairs side by side: one stall of a shared machine inside a single
+        # pair would read as a lock many times slower
+        alone = _threads_wall(steps[:1], dev, 5) / 5
+        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(alone, 1e-6)))))
+        ratio = statistics.median(
+            _threads_wall(steps, dev, n) / _threads_wall(steps[:1], dev, n)
+            for _ in range(trials))
         shares[kind] = min(max(ratio / 2, 0.0), 1.0)
         slowdowns[kind] = max(ratio / 2, 1.0)
     return shares, slowdowns

@@ -21,6 +21,7 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -176,10 +177,16 @@ def main() -> None:
                     return traces
 
                 label = f"{name}/{dtype}/{n_stages}st"
-                # ablation: the same plans under the law the size scaling implies
+                # ablations: the same plans under the law the size scaling implies (the
+                # device alone); and that law with the workers as threads of one process,
+                # holding its interpreter for their measured shares and slowdowns (the
+                # host's part the measured law folds in, modelled action by action)
+                threads = dataclasses.replace(cluster, devices=[
+                    dataclasses.replace(d, process="workers") for d in cluster.devices])
                 table, traces = predict_and_measure(
                     prof, plans, cluster, measure, label,
-                    {"scaling_law": (Profile(prof.table, scaling), cluster)})
+                    {"scaling_law": (Profile(prof.table, scaling), cluster),
+                     "threads_interpreter": (Profile(prof.table, scaling), threads)})
                 save_measured_actions(out / "validation_gpu_actions.csv.gz", label, plans, traces)
                 table["peak_pred_bytes"] += batch_bytes
                 table["stages"] = n_stages
