@@ -57,6 +57,7 @@ from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
+    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -84,6 +85,9 @@ class RankResult:
     memory: list[tuple[float, int]] = field(default_factory=list)
     #: the same by category: (seconds from its origin, category, bytes)
     memory_by_category: list[tuple[float, str, int]] = field(default_factory=list)
+    #: the tracked iteration's compute actions: (stage, micro-batch, kind, start, end),
+    #: seconds from its origin -- what the memory timeline's shape is read against
+    memory_actions: list[tuple[int, int, str, float, float]] = field(default_factory=list)
 
 
 def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
@@ -188,6 +192,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
                 peak = max(peak, int(torch.cuda.max_memory_allocated(device)))
     memory: list[tuple[float, int]] = []
     by_category: list[tuple[float, str, int]] = []
+    memory_actions: list[tuple[int, int, str, float, float]] = []
     if track_memory:
         # one more iteration, every tensor tracked (slower: kept out of the timed ones)
         for stage in mine.values():
@@ -208,7 +213,10 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         transport.log.clear()
         commit_deferred_batch_norm(module)
         memory = [(t - t0, level) for t, _, level in timeline.rows]
-        spans = {"rank": compute_spans(runner.recorder.rows(0), t0).get(rank, [])}
+        tracked = runner.recorder.rows(0)
+        memory_actions = [(r[2], r[3], r[4], r[5], r[6]) for r in tracked
+                          if r[4] in COMPUTE_KINDS]
+        spans = {"rank": compute_spans(tracked, t0).get(rank, [])}
         by_category = [(t - t0, category, level) for t, _, category, level in
                        timeline.by_category(classifier(mine.values(), spans))]
         if device.type != "cuda":
@@ -222,7 +230,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         grads = {name: p.grad.detach().cpu().numpy() for name, p in module.named_parameters()
                  if name.split(".")[0] in my_layers and p.grad is not None}
     return RankResult(rank, rows, losses, grads, walls, peak_memory_bytes=peak, messages=messages,
-                      memory=memory, memory_by_category=by_category)
+                      memory=memory, memory_by_category=by_category,
+                      memory_actions=memory_actions)
 
 
 _SEND_KIND = {"F": "SEND_F", "B": "SEND_B", "S": "SEND_S", "SB": "SEND_SB"}
@@ -374,6 +383,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                              {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
                              peaks, TRACKED, memory_counted=TRACKED_COUNTS,
                              threads_per_rank=threads_per_rank, pinned=pin_cores)
+        if track_memory:  # the tracked step's actions, beside its memory timeline
+            meta["memory_actions"] = {f"rank{r}": [list(a) for a in ranks[r].memory_actions]
+                                      for r in sorted(ranks)}
         out.append((RunResult(Trace(frame_from_rows(rows, MEASURED_COLUMNS), memory, meta,
                                     by_category), losses), ranks))
     return out

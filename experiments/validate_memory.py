@@ -7,7 +7,9 @@ measured by :mod:`executor.memtrack` in one tracked iteration (every storage: pa
 gradients, saved and received tensors, temporaries, recomputation).  The simulator
 predicts each device's peak from the profile alone.  Printed: median and max |error| of
 the peak per device, per model and checkpoint mode, and an ablation without the profiled
-transients; a chart of predicted against measured timelines for a few plans.
+transients; the timeline's shape (where in the step each peak falls, predicted and
+measured, and the mean gap between the curves: :func:`pipesim.compare.memory_shape`); a
+chart of predicted against measured timelines for a few plans.
 
     python experiments/validate_memory.py [--models mlp,gpt,unet] [--quick] [--tag T]
 Writes experiments/results/validation_memory_cpu.csv/.json and validation_memory_cpu.png.
@@ -37,11 +39,12 @@ from experiments.validate import BATCH, MODELS
 from experiments.validation import TRANSIENTS, without_columns
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster
+from pipesim.compare import memory_shape
 from pipesim.plan import Plan
 from pipesim.plot import memory_stack
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
-from pipesim.trace import metrics
+from pipesim.trace import COMPUTE_KINDS, Trace, metrics
 
 DEVICES = 2
 
@@ -68,6 +71,28 @@ def predicted_peaks(profile: Profile, plan: Plan, cluster: Cluster) -> list[floa
     return [peaks[d.resource] for d in cluster.devices[:plan.n_devices]]
 
 
+def shapes(predicted: Trace, measured: Trace, cluster: Cluster, n_devices: int) -> list[dict]:
+    """Per device, where the peak falls and how alike the two timelines are, along the
+    device's actions (:func:`pipesim.compare.memory_shape`; the measured side is the
+    tracked step and its actions, ``meta["memory_actions"]``)."""
+    out = []
+    acts = predicted.actions[predicted.actions.kind.isin(COMPUTE_KINDS)].sort_values("start")
+    tracked = measured.meta.get("memory_actions", {})
+    for d in range(n_devices):
+        pred = predicted.memory[predicted.memory.device == cluster.devices[d].resource]
+        meas = measured.memory[measured.memory.device == f"rank{d}"]
+        if not (len(pred) and len(meas)):
+            out.append({})
+            continue
+        # along each side's own run of actions on the device (the tracked step runs slower)
+        mine = acts[acts.device == d]
+        ran = sorted((a[3], a[4]) for a in tracked.get(f"rank{d}", []))
+        along = (list(zip(mine.start, mine.end, strict=True)), ran) if ran else (None, None)
+        out.append(memory_shape(pred, meas, predicted_actions=along[0],
+                                measured_actions=along[1]))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
@@ -91,13 +116,15 @@ def main() -> None:
             measured = result.trace.meta["peak_memory"]
             pred = predicted_peaks(prof, plan, cluster)
             pred_bare = predicted_peaks(bare, plan, cluster)
+            shape = shapes(simulate(prof, plan, cluster), result.trace, cluster, plan.n_devices)
             for d in range(plan.n_devices):
                 meas = measured[f"rank{d}"]
                 rows.append({"model": name, "plan": plan.label(), "schedule": plan.schedule,
                              "chunks": plan.chunks, "checkpoint": plan.checkpoint, "device": d,
                              "measured_bytes": meas, "predicted_bytes": pred[d],
                              "error_pct": 100 * (pred[d] / meas - 1),
-                             "error_no_transients_pct": 100 * (pred_bare[d] / meas - 1)})
+                             "error_no_transients_pct": 100 * (pred_bare[d] / meas - 1),
+                             **shape[d]})
             if plan.chunks == 4 and plan.schedule in ("gpipe", "1f1b") and \
                     plan.checkpoint in ("never", "always"):
                 examples.append((name, plan, simulate(prof, plan, cluster), result.trace))
@@ -112,6 +139,14 @@ def main() -> None:
         "median_signed_error_pct": float(table.error_pct.median()),
         "without_transients": {"median_abs_error_pct": float(table.error_no_transients_pct.abs().median()),
                                "max_abs_error_pct": float(table.error_no_transients_pct.abs().max())},
+        # the timeline's shape: where in the step each device's peak falls, and the mean
+        # gap between the curves (each on its own step scaled to [0, 1]), of the peak
+        "median_abs_peak_shift": float(table.peak_shift.abs().median()),
+        "peaks_within_a_tenth_of_the_step": float((table.peak_shift.abs() <= 0.1).mean()),
+        "median_shape_error_pct": float(100 * table.shape_error.median()),
+        "median_measured_at_predicted_peak": float(table.measured_at_predicted_peak.median()),
+        "measured_within_5pct_of_peak_at_predicted_peak": float(
+            (table.measured_at_predicted_peak >= 0.95).mean()),
         "per_model_and_mode": {f"{m}/{c}": {"median_abs": float(g.error_pct.abs().median()),
                                             "max_abs": float(g.error_pct.abs().max())}
                                for (m, c), g in table.groupby(["model", "checkpoint"])},

@@ -5,6 +5,7 @@
     cmp.actions        # per action: predicted/measured start, duration and their errors
     cmp.devices        # per device: busy and idle seconds, bubble, peak memory, both sides
     cmp.iteration      # per metric: predicted, measured, absolute and relative error
+    memory_shape(p, m) # one device's memory timelines: where the peak falls, how alike
 
 Measured traces usually hold several iterations; actions are compared on the median
 over iterations of each action's start and duration (times from its iteration's start).
@@ -99,3 +100,80 @@ def compare(predicted: Trace, measured: Trace) -> Comparison:
     iteration["abs_error"] = iteration["predicted"] - iteration["measured"]
     iteration["rel_error"] = iteration["predicted"] / iteration["measured"] - 1
     return Comparison(pm, mm, actions, devices, iteration)
+
+
+def _schedule_position(times: np.ndarray, spans: np.ndarray) -> np.ndarray:
+    """Times (seconds) as positions in a device's run of actions: ``i + f`` while action
+    ``i`` (of ``spans``, ``(start, end)`` in order) is ``f`` done, ``i + 1`` from its end
+    to the next start; divided by the number of actions (so 0 to 1)."""
+    starts, ends = spans[:, 0], spans[:, 1]
+    i = np.clip(np.searchsorted(starts, times, side="right") - 1, 0, len(spans) - 1)
+    length = np.maximum(ends[i] - starts[i], 1e-12)
+    inside = np.clip((times - starts[i]) / length, 0.0, 1.0)
+    return (i + np.where(times < starts[i], 0.0, inside)) / len(spans)
+
+
+def _step_levels(timeline: pd.DataFrame, samples: int,
+                 spans: np.ndarray | None = None) -> np.ndarray:
+    """Bytes held at ``samples`` evenly spaced instants of one step: from its start (time
+    0) to its last memory change, or, given the device's actions, along the schedule
+    (:func:`_schedule_position`)."""
+    t = timeline["time"].to_numpy(dtype=float)
+    b = timeline["bytes"].to_numpy(dtype=float)
+    order = np.argsort(t, kind="stable")
+    t, b = t[order], b[order]
+    if spans is not None and len(spans):
+        t, at = _schedule_position(t, spans), np.linspace(0.0, 1.0, samples)
+    else:
+        at = np.linspace(0.0, float(t[-1]) if len(t) and t[-1] > 0 else 0.0, samples)
+    # a level holds from its change to the next one; before the first, the first level
+    index = np.clip(np.searchsorted(t, at, side="right") - 1, 0, len(t) - 1)
+    return b[index]
+
+
+def memory_shape(predicted: pd.DataFrame, measured: pd.DataFrame, samples: int = 400,
+                 predicted_actions=None, measured_actions=None) -> dict[str, float]:
+    """How alike one device's predicted and measured memory timelines are.
+
+    Each is a step's ``memory`` rows of one device (``time`` in seconds from the step's
+    start, ``bytes`` held after the change).  Given that device's compute actions on both
+    sides (``(start, end)`` pairs in the order it ran them, seconds on the same clock as
+    its timeline), each timeline is read along the schedule -- an instant becomes how far
+    the device is through its list of actions -- so that actions of other lengths (a
+    tracked step runs slower; a prediction may miss a duration) do not move a peak that
+    happens in the same action.  Without them, along each step's own time scaled to
+    [0, 1].  Returns ``peak_at_pred`` and ``peak_at_meas`` (where each peak first falls,
+    0 to 1), ``peak_shift`` (their difference; with actions, 1 / n is one action),
+    ``measured_at_predicted_peak`` (the most the measured timeline holds in the action the
+    predicted peak falls in -- or, without actions, at that instant -- over the measured
+    peak: near-equal peaks of several micro-batches make the argmax jump between them,
+    this does not) and ``shape_error`` (the mean over the step of ``|predicted -
+    measured|``, relative to the measured peak)::
+
+        bytes                 predicted ----   measured ....
+          |        ____                          peak_at_pred 0.45
+          |   ____|    |__                       peak_at_meas 0.47
+          |__|  ....  ... |___                   shape_error: the gap, step-wide
+          +------------------- position in the step
+    """
+    if predicted.empty or measured.empty:
+        raise ValueError("memory_shape needs a timeline on both sides")
+    both = predicted_actions is not None and measured_actions is not None
+    p = _step_levels(predicted, samples,
+                     np.asarray(predicted_actions, dtype=float).reshape(-1, 2) if both else None)
+    m = _step_levels(measured, samples,
+                     np.asarray(measured_actions, dtype=float).reshape(-1, 2) if both else None)
+    peak = float(m.max())
+    at = np.linspace(0.0, 1.0, samples)
+    top = int(np.argmax(p))
+    if both:  # the samples inside the action the predicted peak falls in
+        n = len(predicted_actions)
+        action = np.minimum((at * n).astype(int), n - 1)
+        held = float(m[action == action[top]].max())
+    else:
+        held = float(m[top])
+    return {"peak_at_pred": float(at[top]),
+            "measured_at_predicted_peak": held / peak if peak > 0 else 1.0,
+            "peak_at_meas": float(at[int(np.argmax(m))]),
+            "peak_shift": float(at[int(np.argmax(p))] - at[int(np.argmax(m))]),
+            "shape_error": float(np.mean(np.abs(p - m)) / peak) if peak > 0 else 0.0}

@@ -701,3 +701,40 @@ def test_the_noise_floor_compares_one_schedule_measured_twice():
                  measured_ms=99.0)]
     assert noise_floor(pd.DataFrame(rows)) == pytest.approx((7.5, 10.0))
     assert noise_floor(pd.DataFrame(rows[:1] + rows[4:])) is None
+
+
+def test_memory_shape_reads_each_timeline_on_its_own_step():
+    from pipesim.compare import memory_shape
+
+    def timeline(times, levels):
+        return pd.DataFrame({"time": times, "bytes": levels})
+
+    # the same shape, the measured step twice as long: the peak falls at the same place
+    pred = timeline([0.0, 1.0, 2.0, 3.0, 4.0], [10, 30, 50, 20, 10])
+    meas = timeline([0.0, 2.0, 4.0, 6.0, 8.0], [10, 30, 50, 20, 10])
+    same = memory_shape(pred, meas)
+    assert same["peak_shift"] == pytest.approx(0.0, abs=0.01)
+    assert same["peak_at_pred"] == pytest.approx(0.5, abs=0.01)
+    assert same["shape_error"] == pytest.approx(0.0)
+    # the peak a quarter of a step late, the levels otherwise alike
+    late = timeline([0.0, 1.0, 3.0, 4.0], [10, 30, 50, 10])
+    shifted = memory_shape(pred, late)
+    assert shifted["peak_shift"] == pytest.approx(-0.25, abs=0.01)
+    assert shifted["shape_error"] > 0.0
+    with pytest.raises(ValueError, match="both sides"):
+        memory_shape(pred, timeline([], []))
+
+
+def test_memory_shape_along_the_schedule_ignores_how_long_each_action_took():
+    from pipesim.compare import memory_shape
+
+    # two actions: the first holds 40 bytes, the second 20.  Measured, the second took
+    # four times as long: by time the shapes differ, along the schedule they are one
+    pred = pd.DataFrame({"time": [0.0, 1.0, 2.0], "bytes": [40, 20, 10]})
+    meas = pd.DataFrame({"time": [0.0, 1.0, 5.0], "bytes": [40, 20, 10]})
+    by_time = memory_shape(pred, meas)
+    along = memory_shape(pred, meas, predicted_actions=[(0.0, 1.0), (1.0, 2.0)],
+                         measured_actions=[(0.0, 1.0), (1.0, 5.0)])
+    assert by_time["shape_error"] == pytest.approx(0.15, abs=0.01)
+    assert along["shape_error"] == pytest.approx(0.0, abs=0.01)
+    assert along["peak_shift"] == pytest.approx(0.0, abs=0.01)
