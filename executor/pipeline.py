@@ -51,6 +51,7 @@ from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
+    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -316,6 +317,12 @@ class Pipeline:
             tracked, _, _ = self.step(inputs, targets, iteration=0, timeline=timeline,
                                       origin=origin)
             memory = timeline_frame(timeline, origin)
+            # the tracked step's actions per worker (seconds from its origin), which the
+            # memory timeline's shape is read against (pipesim.compare.memory_shape)
+            extra["memory_actions"] = {
+                f"dev{w}": [[r[2], r[3], r[4], r[5], r[6]] for r in tracked
+                            if r[1] == w and r[4] in COMPUTE_KINDS]
+                for w in sorted({r[1] for r in tracked})}
             spans = {f"dev{w}": s for w, s in compute_spans(tracked, origin).items()}
             by_category = category_frame(timeline, origin, classifier(self.stages, spans))
             timeline.forget()

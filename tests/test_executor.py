@@ -515,3 +515,10 @@ def test_measured_memory_is_sorted_into_categories(schedule):
         peak_parts = split[split.device == f"dev{w}"].groupby("category").bytes.max()
         assert peak_parts["temporaries"] > 0 and peak_parts["activations"] > 0
         assert peak_parts.sum() >= total.max()  # the parts' peaks bound the total's
+    # the tracked step's own actions, in the timeline's clock: its shape is read against them
+    for w in range(2):
+        ran = trace.meta["memory_actions"][f"dev{w}"]
+        assert len(ran) == len(build_schedule(plan).order[w])
+        assert {mb for _, mb, kind, _, _ in ran if kind == "F"} == set(range(4))
+        times = trace.memory[trace.memory.device == f"dev{w}"].time
+        assert all(0.0 <= start < end <= times.max() + 1e-3 for *_, start, end in ran)
