@@ -468,14 +468,28 @@ def _sum_loss(out: torch.Tensor, _target: torch.Tensor) -> torch.Tensor:
     return out.float().sum()
 
 
+#: the side streams the concurrency measurements issue to, one per thread index and
+#: device, made once: the CUDA libraries cache a workspace for every stream that runs a
+#: matmul and never free it (about 99 MiB a stream on an H100: the 2026-11-23 grid's
+#: snapshots hold some 25 such streams, 2.5 GB, from streams made per measurement)
+_STREAMS: dict[tuple[str, int], torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device, index: int) -> torch.cuda.Stream:
+    key = (str(device), index)
+    if key not in _STREAMS:
+        _STREAMS[key] = torch.cuda.Stream(device)
+    return _STREAMS[key]
+
+
 def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
                   iterations: int) -> float:
     """Wall seconds of ``len(steps)`` threads, each with its own stream on a GPU, running
     its step ``iterations`` times, started together (each thread's first step is set-up)."""
     start = threading.Barrier(len(steps) + 1)
 
-    def work(step: Callable[[], object]) -> None:
-        stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+    def work(index: int, step: Callable[[], object]) -> None:
+        stream = _side_stream(device, index) if device.type == "cuda" else None
         ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
         with ctx:
             step()
@@ -485,7 +499,8 @@ def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
                 step()
             synchronize(device)
 
-    threads = [threading.Thread(target=work, args=(step,), daemon=True) for step in steps]
+    threads = [threading.Thread(target=work, args=(i, step), daemon=True)
+               for i, step in enumerate(steps)]
     for t in threads:
         t.start()
     start.wait()
