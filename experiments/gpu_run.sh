@@ -7,9 +7,11 @@
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 # On the lent machine (10 minutes a call, 30 a session; each command under `timeout`):
-#   call 1: tests, then gpu --stages 2      (about 1 + 6 minutes; measured 2026-11-23)
-#   call 2: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer)
-#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 1 left)
+#   call 1: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer; first
+#           since the CPU ranks now keep the memory they free: 17% median there before)
+#   call 2: tests, then gpu --stages 2      (about 1 + 7 minutes; the grid also predicts every
+#           plan as threads of one process: predicted_ms_threads_interpreter)
+#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 2 left)
 # and carry .whl (simpy) and experiments/results/gpu from the previous call's tgz.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
 # the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
