@@ -41,7 +41,9 @@ from experiments.validation import (
     CHECKPOINT_COSTS,
     confirm_choice,
     grid,
+    in_passes,
     noise_floor,
+    pass_noise,
     predict_and_measure,
     replay_error,
     save_measured_actions,
@@ -65,6 +67,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
     ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=2,
+                    help="runs of the whole grid (order reversed every other pass), each "
+                    "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
     ap.add_argument("--pin", action="store_true", help="pin each rank to its own cores")
@@ -93,6 +98,7 @@ def main() -> None:
           f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
           "between actions", flush=True)
     tables, replays, choices = [], [], []
+    measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
     for name in args.models.split(","):
@@ -112,14 +118,17 @@ def main() -> None:
                      schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
 
-        def measure(ps, job=job):
+        def measure_once(ps, job=job):
             return [r.trace for r, _ in spawn_plans(job, ps, iterations=args.iterations,
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 
+        measure = in_passes(measure_once, args.passes)
+
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), cluster),
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
+        measured_all += traces
         tables.append(table)
         choices.append({"model": name, **confirm_choice(table, plans, measure)})
         save_measured_actions(actions_path, name, plans, traces)
@@ -140,6 +149,10 @@ def main() -> None:
             "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max())}
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
     summary["tuner_regret_confirmed_pct"] = max(max(c["regret_pct"] for c in choices), 0.0)
+    noise = pass_noise(measured_all)  # the same plan measured in two passes, minutes apart
+    if noise is not None:
+        summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
+    summary["passes"] = args.passes
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,

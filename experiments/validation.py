@@ -154,6 +154,43 @@ def summarise(table: pd.DataFrame) -> dict:
     return out
 
 
+def in_passes(measure: Measure, passes: int) -> Measure:
+    """``measure`` run over the grid ``passes`` times, the order reversed every other pass,
+    each plan's runs joined into one Trace (:meth:`pipesim.trace.Trace.joined`: the
+    iteration time is then the median over all its iterations).  A shared machine's load
+    drifts over minutes; a plan measured once, in one moment, carries that moment's speed,
+    measured in two moments far apart much less of it.  ``meta["pass_iteration_s"]`` keeps
+    each pass's median, whose spread is the grid's noise floor (:func:`pass_noise`)."""
+    if passes <= 1:
+        return measure
+
+    def run(plans: list[Plan]) -> list[Trace]:
+        runs: list[list[Trace]] = [[] for _ in plans]
+        for k in range(passes):
+            order = list(range(len(plans)))[:: -1 if k % 2 else 1]
+            for i, trace in zip(order, measure([plans[i] for i in order]), strict=True):
+                runs[i].append(trace)
+        joined = []
+        for traces in runs:
+            trace = Trace.joined(traces)
+            trace.meta["pass_iteration_s"] = [metrics(t).iteration_time_s for t in traces]
+            joined.append(trace)
+        return joined
+
+    return run
+
+
+def pass_noise(traces: list[Trace]) -> tuple[float, float] | None:
+    """Median and max |difference| (%) between a plan's first two passes (:func:`in_passes`),
+    over the plans: the same plan measured twice, minutes apart.  None for one pass."""
+    pairs = [t.meta["pass_iteration_s"][:2] for t in traces
+             if len(t.meta.get("pass_iteration_s", [])) >= 2]
+    if not pairs:
+        return None
+    diff = np.abs(100 * (np.array([b / a for a, b in pairs]) - 1))
+    return float(np.median(diff)), float(np.max(diff))
+
+
 def confirm_choice(table: pd.DataFrame, plans: list[Plan], measure: Measure,
                    rounds: int = 3) -> dict:
     """Regret of choosing by prediction, settled by measuring again.

@@ -106,6 +106,28 @@ class Trace:
                      self.memory[self.memory["iteration"] == i].reset_index(drop=True),
                      dict(self.meta))
 
+    @classmethod
+    def joined(cls, traces: list[Trace]) -> Trace:
+        """One Trace of the iterations of several runs of one plan, laid end to end
+        (iterations renumbered, times shifted past the run before); the memory timeline
+        and the rest of the metadata are the first run's, ``meta["iterations"]`` the
+        total and ``meta["runs"]`` how many were joined."""
+        if not traces:
+            raise ValueError("joined needs at least one trace")
+        parts, iterations, offset = [], 0, 0.0
+        time_columns = [c for c in ("start", "end", *HOST_COLUMNS) if c in traces[0].actions]
+        for t in traces:
+            a = t.actions.copy()
+            a["iteration"] = a["iteration"] + iterations
+            a[time_columns] = a[time_columns] + offset
+            parts.append(a)
+            iterations = int(a["iteration"].max()) + 1 if len(a) else iterations
+            offset = float(a["end"].max()) if len(a) else offset
+        first = traces[0]
+        meta = {**first.meta, "iterations": iterations, "runs": len(traces)}
+        return cls(pd.concat(parts, ignore_index=True), first.memory, meta,
+                   first.memory_by_category)
+
 
 @dataclass
 class Metrics:

@@ -15,7 +15,7 @@ from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.simulator import Jitter, simulate
-from pipesim.trace import metrics
+from pipesim.trace import Trace, metrics
 from tests.helpers import uniform_profile
 
 F, B = 1.0, 2.0  # per sample and layer, in the uniform profile
@@ -738,3 +738,21 @@ def test_memory_shape_along_the_schedule_ignores_how_long_each_action_took():
     assert by_time["shape_error"] == pytest.approx(0.15, abs=0.01)
     assert along["shape_error"] == pytest.approx(0.0, abs=0.01)
     assert along["peak_shift"] == pytest.approx(0.0, abs=0.01)
+
+
+def test_traces_of_one_plan_join_into_one_with_every_iteration():
+    prof = uniform_profile(2, sizes=(1, 2))
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    one = simulate(prof, plan, iterations=2)
+    slow = simulate(prof, plan, Cluster([Device("a"), Device("b")], compute_overhead_s=F),
+                    iterations=1)
+    joined = Trace.joined([one, slow])
+    assert sorted(joined.actions.iteration.unique()) == [0, 1, 2]
+    assert joined.meta["iterations"] == 3 and joined.meta["runs"] == 2
+    times = metrics(joined).iteration_times_s
+    assert times == pytest.approx(metrics(one).iteration_times_s + metrics(slow).iteration_times_s)
+    # laid end to end: the second run starts after the first ends
+    first_end = joined.actions[joined.actions.iteration == 1].end.max()
+    assert joined.actions[joined.actions.iteration == 2].start.min() >= first_end
+    with pytest.raises(ValueError, match="at least one"):
+        Trace.joined([])
