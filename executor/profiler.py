@@ -322,8 +322,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     to ``device`` (and ``dtype`` if given) and put in train mode.
 
     Repetitions are whole passes over the layers rather than back-to-back runs of one
-    layer: on a shared, noisy machine a burst of load then spreads over every layer's
-    samples instead of inflating one layer's median.  ``checkpointed`` also times every
+    layer, and they go round the sizes (a pass at each size, then the next round): on a
+    shared, noisy machine a burst of load then spreads over every layer's and every size's
+    samples instead of inflating one layer's or one size's median.  ``checkpointed`` also times every
     layer inside ``torch.utils.checkpoint`` (the optional ``ckpt_*`` columns; about 1.6x
     the profiling time), since a checkpointed stage pays the checkpoint's hooks, which
     launch-bound layers feel most.  ``split`` also times each backward's input and weight
@@ -363,6 +364,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     # Layers run one at a time and repeatedly: a retaining tracker lets a Pop layer find
     # the tensor its Stash layer left, every time.
     with use_tracker(SkipTracker(retain=True)):
+        prepared = {}
         for b in sizes:
             # clone: a view of the whole batch would report the whole batch's storage.
             x0 = inputs[:b].clone().to(device)
@@ -384,9 +386,15 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                     model(x0)
                 for skip in skips:
                     skip["bytes"][str(b)] = tensor_bytes(tracker.stashed[skip["name"]])
-            samples: list[list[dict[str, float]]] = []
-            whole: list[tuple[float, ...]] = []
-            for p in range(warmup + repeats):
+            prepared[b] = (x0, target, grads, byte_rows)
+        # Repetitions go round the sizes (one pass of each size, then the next round): a
+        # slow spell of a shared machine then lands on every size a little instead of on
+        # one size whole, which would bend the size scaling the costs interpolate.
+        samples: dict[int, list[list[dict[str, float]]]] = {b: [] for b in sizes}
+        whole: dict[int, list[tuple[float, ...]]] = {b: [] for b in sizes}
+        for p in range(warmup + repeats):
+            for b in sizes:
+                x0, target, grads, _ = prepared[b]
                 times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed,
                                    split)
                 w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device)
@@ -395,19 +403,21 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                 if split:
                     w += _time_whole_split(model, x0, loss_fn, target, device)
                 if p >= warmup:
-                    samples.append(times)
-                    whole.append(w)
+                    samples[b].append(times)
+                    whole[b].append(w)
                 bar.update(1)
-            keys = ("fwd_s", "bwd_s") + (("ckpt_fwd_s", "ckpt_bwd_s") if checkpointed else ()) + (
-                ("split_s",) if split else ())
-            whole_model[str(b)] = {k: statistics.median(t[i] for t in whole)
+        keys = ("fwd_s", "bwd_s") + (("ckpt_fwd_s", "ckpt_bwd_s") if checkpointed else ()) + (
+            ("split_s",) if split else ())
+        for b in sizes:
+            byte_rows = prepared[b][3]
+            whole_model[str(b)] = {k: statistics.median(t[i] for t in whole[b])
                                    for i, k in enumerate(keys)}
             for i, layer in enumerate(layers):
                 row = byte_rows[i]
-                for column in samples[0][i]:
-                    row[column] = statistics.median(t[i][column] for t in samples)
+                for column in samples[b][0][i]:
+                    row[column] = statistics.median(t[i][column] for t in samples[b])
                 rows.append({"layer": i, "name": type(layer).__name__, "micro_batch": b, **row})
-                noisy += _noisy(i, b, [(t[i]["fwd_s"], t[i]["bwd_s"]) for t in samples])
+                noisy += _noisy(i, b, [(t[i]["fwd_s"], t[i]["bwd_s"]) for t in samples[b]])
     bar.close()
     model.zero_grad(set_to_none=True)
     noisy += _not_monotone(rows)
@@ -427,7 +437,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "host_allocator": allocator,
         "repeats": repeats,
         "warmup": warmup,
-        "repetition": "passes over all layers",
+        "repetition": "passes over all layers, round the sizes",
         # the whole model's forward/backward at each size, timed in the same passes: the
         # Profile uses it to remove the cost of timing layers one by one (see Profile)
         "whole_model": whole_model,
