@@ -44,7 +44,8 @@ from experiments.validation import (
     in_passes,
     noise_floor,
     pass_noise,
-    predict_and_measure,
+    predicted_against,
+    profile_drift,
     replay_error,
     save_measured_actions,
     summarise,
@@ -98,6 +99,7 @@ def main() -> None:
           f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
           "between actions", flush=True)
     tables, replays, choices = [], [], []
+    drifts: dict[str, float] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
@@ -109,10 +111,12 @@ def main() -> None:
         job = functools.partial(builtin_job, name, BATCH, **sizes_of_model)
         module, loss_fn, x, y = job()
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
-        prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
-                       progress=False, meta={"model": name})
-        prof.save(results / f"profile_{tag}_{name}.csv")
-        plans = grid(prof, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
+        def take_profile(module=module, loss_fn=loss_fn, x=x, y=y, sizes=sizes, name=name):
+            return profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
+                           progress=False, meta={"model": name})
+
+        before = take_profile()
+        plans = grid(before, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
                      ("never", "except_last", "always"),
                      schedules=tuple(args.schedules.split(",")))
@@ -125,9 +129,18 @@ def main() -> None:
 
         measure = in_passes(measure_once, args.passes)
 
+        traces = measure(plans)
+        # profiled again once the runs are done: the prediction uses the mean of the two,
+        # the machine's speed as the runs found it on average (this shared VM drifts by
+        # 10-20% over minutes); how far the two apart is the run's profile drift
+        after = take_profile()
+        prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
+        prof.save(results / f"profile_{tag}_{name}.csv")
+        drifts[name] = profile_drift(before, after)
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), cluster),
-                     "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0))}
-        table, traces = predict_and_measure(prof, plans, cluster, measure, name, ablations)
+                     "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0)),
+                     "profile_before": (before, cluster)}
+        table = predicted_against(prof, plans, cluster, traces, name, ablations)
         measured_all += traces
         tables.append(table)
         choices.append({"model": name, **confirm_choice(table, plans, measure)})
@@ -153,6 +166,7 @@ def main() -> None:
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
     summary["passes"] = args.passes
+    summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,

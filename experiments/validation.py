@@ -78,6 +78,14 @@ def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
     """Run ``plans``, predict each; ``ablations`` (name -> profile, cluster) add a column
     ``predicted_ms_NAME`` each: the same plan predicted with one mechanism taken out."""
     measured = measure(plans)
+    return predicted_against(profile, plans, cluster, measured, label, ablations), measured
+
+
+def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
+                      measured: list[Trace], label: str,
+                      ablations: dict[str, tuple[Profile, Cluster]] | None = None
+                      ) -> pd.DataFrame:
+    """The table of :func:`predict_and_measure` for runs already measured."""
     rows = []
     for plan, trace in zip(plans, measured, strict=True):
         predicted = simulate(profile, plan, cluster)
@@ -99,7 +107,7 @@ def predict_and_measure(profile: Profile, plans: list[Plan], cluster: Cluster,
             **{f"predicted_ms_{name}": 1e3 * metrics(simulate(p, plan, c, track_memory=False))
                .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
-    return pd.DataFrame(rows), measured
+    return pd.DataFrame(rows)
 
 
 def save_measured_actions(path: Path, label: str, plans: list[Plan],
@@ -178,6 +186,15 @@ def in_passes(measure: Measure, passes: int) -> Measure:
         return joined
 
     return run
+
+
+def profile_drift(before: Profile, after: Profile) -> float:
+    """How much slower (%) the machine ran a model's layers after its grid than before:
+    the median over sizes of the summed forward+backward seconds, after / before - 1."""
+    def total(p: Profile) -> pd.Series:
+        return p.table.groupby("micro_batch")[["fwd_s", "bwd_s"]].sum().sum(axis=1)
+
+    return float(100 * ((total(after) / total(before)).median() - 1))
 
 
 def pass_noise(traces: list[Trace]) -> tuple[float, float] | None:

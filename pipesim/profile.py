@@ -554,6 +554,37 @@ class Profile:
                 + self.column_at("bwd_s", micro_batch, extrapolate=extrapolate))
 
     # ------------------------------------------------------------------- files
+    @classmethod
+    def mean(cls, profiles: list[Profile], source: str = "<mean>") -> Profile:
+        """The mean of several profiles of one model taken at different moments: every
+        seconds column (and ``meta["whole_model"]``) averaged, bytes and the rest of the
+        metadata the first's; ``meta["averaged_over"]`` says how many.  Taken before and
+        after a grid of runs, it times the machine as the runs found it on average.
+        Raises ProfileError unless all have the same layers and sizes."""
+        if not profiles:
+            raise ProfileError("Profile.mean needs at least one profile")
+        first = profiles[0]
+        key = ["layer", "micro_batch"]
+        base = first.table.sort_values(key).reset_index(drop=True)
+        seconds = [c for c in base.columns if c.endswith("_s")]
+        tables = []
+        for p in profiles:
+            t = p.table.sort_values(key).reset_index(drop=True)
+            if not t[key].equals(base[key]) or not set(seconds) <= set(t.columns):
+                raise ProfileError(f"{p.source}: other layers, sizes or columns than "
+                                   f"{first.source}: profiles of different models?")
+            tables.append(t)
+        table = base.copy()
+        for c in seconds:
+            table[c] = sum(t[c] for t in tables) / len(tables)
+        meta = {**first.meta, "averaged_over": len(profiles)}
+        wholes: list[dict] = [p.meta.get("whole_model") or {} for p in profiles]
+        if all(wholes):
+            meta["whole_model"] = {
+                size: {k: sum(float(w[size][k]) for w in wholes) / len(wholes) for k in entry}
+                for size, entry in wholes[0].items()}
+        return cls(table, meta, source)
+
     def save(self, path: str | Path) -> Path:
         """Write ``path`` (.csv) and its metadata beside it (.json); returns the CSV path."""
         csv_path = Path(path).with_suffix(".csv")

@@ -180,3 +180,20 @@ def test_checkpoint_costs_are_paid_by_checkpointed_micro_batches_only(tmp_path):
     # a profile without the columns (an old file) pays one more forward and nothing else
     old = simulate(plain, plan).actions.set_index(["stage", "kind", "microbatch"])
     assert (old["end"] - old["start"])[(0, "F", 0)] == pytest.approx(1.0)
+
+
+def test_the_mean_of_profiles_averages_seconds_and_keeps_bytes():
+    a = uniform_profile(3, sizes=(1, 2))
+    slow = a.table.copy()
+    slow[["fwd_s", "bwd_s"]] *= 3
+    b = Profile(slow, {**a.meta, "whole_model": {"1": {"fwd_s": 3.0, "bwd_s": 6.0}}})
+    a = Profile(a.table, {**a.meta, "whole_model": {"1": {"fwd_s": 1.0, "bwd_s": 2.0}}})
+    mean = Profile.mean([a, b])
+    assert mean.table.fwd_s.tolist() == pytest.approx((2 * a.table.sort_values(
+        ["layer", "micro_batch"]).fwd_s).tolist())
+    assert mean.table.saved_bytes.tolist() == a.table.sort_values(
+        ["layer", "micro_batch"]).saved_bytes.tolist()
+    assert mean.meta["whole_model"] == {"1": {"fwd_s": 2.0, "bwd_s": 4.0}}
+    assert mean.meta["averaged_over"] == 2
+    with pytest.raises(ProfileError, match="different models"):
+        Profile.mean([a, uniform_profile(4, sizes=(1, 2))])
