@@ -250,7 +250,10 @@ def measure_contention(workers: int = 2, iterations: int = 200) -> dict[str, flo
     The same forward+backward loop runs in one process, then in ``workers`` processes
     started together that pass a message round a ring after every step, as pipeline
     ranks do; ``contention = (together / alone - 1) / (workers - 1)`` from the compute
-    times alone.  A separate measurement, never the plans being validated.
+    times alone.  A separate measurement, never the plans being validated.  On this
+    project's 2-core VM it is not a constant of the machine: four measurements in a row
+    read 0.78, 0.24, 0.0 and 0.60 with 200 steps, 0.85, 0.15, 0.63 and 0.28 with 2,000
+    (2026-11-23); calibrate_cpu takes the median of three.
     """
     from executor.distributed import _free_port
 
