@@ -756,3 +756,53 @@ def test_traces_of_one_plan_join_into_one_with_every_iteration():
     assert joined.actions[joined.actions.iteration == 2].start.min() >= first_end
     with pytest.raises(ValueError, match="at least one"):
         Trace.joined([])
+
+
+def _fake_grid(speeds):
+    """A Measure that 'runs' plans as simulations, each call on a machine ``speeds[k]``
+    times slower (call k), and counts the orders it was asked in."""
+    prof = uniform_profile(2, sizes=(1, 2, 4))
+    calls = []
+
+    def measure(plans):
+        slow = speeds[len(calls)]
+        calls.append([p.label() for p in plans])
+        cluster = Cluster([Device("a"), Device("b")], compute_overhead_s=(slow - 1) * F)
+        return [simulate(prof, p, cluster, iterations=2) for p in plans]
+
+    return prof, measure, calls
+
+
+def test_a_grid_measured_in_passes_joins_each_plans_runs_and_reports_their_spread():
+    from experiments.validation import in_passes, pass_noise
+
+    prof, measure, calls = _fake_grid([1.0, 2.0])
+    plans = [Plan([1, 1], m, 4, checkpoint="never") for m in (1, 2, 4)]
+    traces = in_passes(measure, 2)(plans)
+    # the second pass runs the grid backwards; each plan keeps both passes' iterations
+    assert calls[1] == calls[0][::-1]
+    assert [t.meta["iterations"] for t in traces] == [4, 4, 4]
+    for t in traces:
+        first, second = t.meta["pass_iteration_s"]
+        assert second > first  # the slower machine of the second pass
+    median, worst = pass_noise(traces)
+    assert 0 < median <= worst
+    assert pass_noise([simulate(prof, plans[0])]) is None
+    assert in_passes(measure, 1) is measure
+
+
+def test_the_tuners_pick_is_measured_again_beside_the_fastest_plan():
+    import pandas as pd
+
+    from experiments.validation import confirm_choice
+
+    _, measure, calls = _fake_grid([1.0] * 4)
+    plans = [Plan([1, 1], m, 4, checkpoint="never") for m in (1, 2)]
+    table = pd.DataFrame({"throughput_pred": [2.0, 1.0], "throughput_meas": [1.0, 2.0]})
+    out = confirm_choice(table, plans, measure, rounds=2)
+    # picked plan 0, plan 1 measured fastest: both re-run, alternating, twice each
+    assert calls == [[plans[0].label(), plans[1].label()] * 2]
+    assert out["chosen"] == plans[0].label() and out["best_measured"] == plans[1].label()
+    assert out["regret_pct"] == pytest.approx(100 * (1 - out["best_ms"] / out["chosen_ms"]))
+    same = confirm_choice(table.assign(throughput_pred=[1.0, 2.0]), plans, measure)
+    assert same["regret_pct"] == 0.0 and same["rounds"] == 0 and len(calls) == 1
