@@ -172,17 +172,21 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
     slots = max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
-    # as many ranks as the run has (up to the slots), in a ring; the median of three: one
-    # measurement on a shared machine varies by a factor of 3
-    trials = sorted((measure_contention(max(min(n_devices, slots), 2)) for _ in range(3)),
-                    key=lambda c: c["host_contention"])
-    contention = trials[1]
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
-                   host_contention=contention["host_contention"], host_cores=slots,
+                   host_contention=host_contention(n_devices, threads_per_rank), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted ahead
                    sender_keeps_sends=True, receives_ahead=True,
                    name=name)
+
+
+def host_contention(n_devices: int, threads_per_rank: int = 1) -> float:
+    """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
+    many ranks as the run has (up to the host's slots, at least 2), in a ring; the median
+    of three, since one measurement on a shared machine varies by a factor of 3."""
+    slots = max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
+    return statistics.median(measure_contention(max(min(n_devices, slots), 2))["host_contention"]
+                             for _ in range(3))
 
 
 def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,

@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_cpu
+from executor.calibrate import calibrate_cpu, host_contention
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
@@ -100,6 +100,7 @@ def main() -> None:
           "between actions", flush=True)
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
+    contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
@@ -137,10 +138,16 @@ def main() -> None:
         prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
         drifts[name] = profile_drift(before, after)
-        ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), cluster),
+        # the host contention likewise: the mean of the readings before and after the grid
+        # (on this VM one reading ranges 0-1.1 within the hour)
+        contention.append(host_contention(args.stages, args.threads))
+        model_cluster = dataclasses.replace(cluster, host_contention=sum(contention[-2:]) / 2)
+        unbracketed = dataclasses.replace(cluster, host_contention=contention[-2])
+        ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0)),
-                     "profile_before": (before, cluster)}
-        table = predicted_against(prof, plans, cluster, traces, name, ablations)
+                     "profile_before": (before, model_cluster),
+                     "unbracketed": (before, unbracketed)}
+        table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
         measured_all += traces
         tables.append(table)
         choices.append({"model": name, **confirm_choice(table, plans, measure)})
@@ -150,7 +157,8 @@ def main() -> None:
                                                     index=False)
         for plan, trace in list(zip(plans, traces, strict=True))[:: max(1, len(plans) // 6)]:
             replays.append({"model": name, "plan": plan.label(),
-                            "replay_error_pct": 100 * replay_error(prof, plan, trace, cluster)})
+                            "replay_error_pct": 100 * replay_error(prof, plan, trace,
+                                                                   model_cluster)})
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "measured_ms", "error_pct"]].round(2).to_string(index=False), flush=True)
     table = pd.concat(tables, ignore_index=True)
@@ -167,6 +175,7 @@ def main() -> None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
     summary["passes"] = args.passes
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
+    summary["host_contention_readings"] = contention
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
@@ -190,12 +199,19 @@ def repredict(results: Path, tag: str) -> None:
     table = pd.read_csv(results / f"validation_{tag}.csv")
     cluster = Cluster.load(results / f"calibration_{tag}.json")
     profiles = {m: Profile.load(results / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
+    # a run that measured the host contention around each model's grid predicted each
+    # model with the mean of the readings before and after it (in the grid's model order)
+    summary = json.loads((results / f"validation_{tag}.json").read_text()).get("summary", {})
+    readings = summary.get("host_contention_readings")
+    clusters = {m: (dataclasses.replace(cluster, host_contention=(readings[i] + readings[i + 1]) / 2)
+                    if readings and len(readings) > i + 1 else cluster)
+                for i, m in enumerate(table.model.unique())}
     after = []
     for r in table.itertuples():
         plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), BATCH,
                     checkpoint=r.checkpoint, schedule=r.schedule,
                     virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
-        after.append(1e3 * metrics(simulate(profiles[r.model], plan, cluster,
+        after.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
                                             track_memory=False)).iteration_time_s)
     table["predicted_ms_now"] = after
     for label, col in (("as saved", "predicted_ms"), ("today's model", "predicted_ms_now")):
