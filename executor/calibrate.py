@@ -171,7 +171,7 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     """
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
-    slots = max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
+    slots = _slots(threads_per_rank)
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
                    host_contention=host_contention(n_devices, threads_per_rank), host_cores=slots,
@@ -184,9 +184,13 @@ def host_contention(n_devices: int, threads_per_rank: int = 1) -> float:
     """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
     many ranks as the run has (up to the host's slots, at least 2), in a ring; the median
     of three, since one measurement on a shared machine varies by a factor of 3."""
-    slots = max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
-    return statistics.median(measure_contention(max(min(n_devices, slots), 2))["host_contention"]
-                             for _ in range(3))
+    ranks = max(min(n_devices, _slots(threads_per_rank)), 2)
+    return statistics.median(measure_contention(ranks)["host_contention"] for _ in range(3))
+
+
+def _slots(threads_per_rank: int) -> int:
+    """Ranks this host computes for at once: its cores over the threads each rank uses."""
+    return max(1, len(os.sched_getaffinity(0)) // max(1, threads_per_rank))
 
 
 def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,

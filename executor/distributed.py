@@ -50,14 +50,13 @@ from executor.pipeline import (
     measured_meta,
     stage_skips,
 )
-from executor.recorder import Recorder, compute_spans, shift_rows
+from executor.recorder import Recorder, compute_actions, compute_spans, shift_rows
 from executor.stage import StageRunner
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
-    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -214,8 +213,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         commit_deferred_batch_norm(module)
         memory = [(t - t0, level) for t, _, level in timeline.rows]
         tracked = runner.recorder.rows(0)
-        memory_actions = [(r[2], r[3], r[4], r[5], r[6]) for r in tracked
-                          if r[4] in COMPUTE_KINDS]
+        memory_actions = compute_actions(tracked).get(rank, [])
         spans = {"rank": compute_spans(tracked, t0).get(rank, [])}
         by_category = [(t - t0, category, level) for t, _, category, level in
                        timeline.by_category(classifier(mine.values(), spans))]

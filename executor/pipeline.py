@@ -41,7 +41,7 @@ from executor.memtrack import (
 )
 from executor.microbatch import scatter
 from executor.partition import split_module
-from executor.recorder import Recorder, compute_spans, shift_rows
+from executor.recorder import Recorder, compute_actions, compute_spans, shift_rows
 from executor.skip import check_skips
 from executor.stage import ActionFailed, StageRunner
 from executor.transport import PipelineAborted, ThreadTransport
@@ -51,7 +51,6 @@ from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule
 from pipesim.trace import (
     CATEGORY_COLUMNS,
-    COMPUTE_KINDS,
     MEASURED_COLUMNS,
     MEMORY_COLUMNS,
     Trace,
@@ -319,10 +318,8 @@ class Pipeline:
             memory = timeline_frame(timeline, origin)
             # the tracked step's actions per worker (seconds from its origin), which the
             # memory timeline's shape is read against (pipesim.compare.memory_shape)
-            extra["memory_actions"] = {
-                f"dev{w}": [[r[2], r[3], r[4], r[5], r[6]] for r in tracked
-                            if r[1] == w and r[4] in COMPUTE_KINDS]
-                for w in sorted({r[1] for r in tracked})}
+            extra["memory_actions"] = {f"dev{w}": [list(a) for a in acts]
+                                       for w, acts in sorted(compute_actions(tracked).items())}
             spans = {f"dev{w}": s for w, s in compute_spans(tracked, origin).items()}
             by_category = category_frame(timeline, origin, classifier(self.stages, spans))
             timeline.forget()

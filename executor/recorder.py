@@ -103,11 +103,18 @@ def shift_rows(rows: list[tuple], offset: float) -> list[tuple]:
     return out
 
 
-def compute_spans(rows: list[tuple], origin: float) -> dict[int, list[tuple[float, float]]]:
+def compute_actions(rows: list[tuple]) -> dict[int, list[tuple[int, int, str, float, float]]]:
     """Each worker's compute actions (F, B, I, W; not the recomputation inside a backward)
-    in ``rows`` as ``(start, end)`` on the clock whose zero the rows count from: ``origin``."""
-    spans: dict[int, list[tuple[float, float]]] = {}
+    in ``rows`` as ``(stage, micro-batch, kind, start, end)``, times as the rows have them."""
+    actions: dict[int, list[tuple[int, int, str, float, float]]] = {}
     for row in rows:
         if row[4] in COMPUTE_KINDS:
-            spans.setdefault(row[1], []).append((origin + row[5], origin + row[6]))
-    return spans
+            actions.setdefault(row[1], []).append((row[2], row[3], row[4], row[5], row[6]))
+    return actions
+
+
+def compute_spans(rows: list[tuple], origin: float) -> dict[int, list[tuple[float, float]]]:
+    """:func:`compute_actions` as ``(start, end)`` on the clock whose zero the rows count
+    from: ``origin``."""
+    return {w: [(origin + a[3], origin + a[4]) for a in acts]
+            for w, acts in compute_actions(rows).items()}

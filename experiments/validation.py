@@ -159,6 +159,18 @@ def summarise(table: pd.DataFrame) -> dict:
     floor = noise_floor(table)
     if floor is not None:
         out["noise_floor_median_pct"], out["noise_floor_max_pct"] = floor
+    out.update(ablation_errors(table))
+    return out
+
+
+def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """``ablation_NAME``: median and max |error| (%) of each ``predicted_ms_NAME`` column
+    (the same runs predicted with one mechanism out, :func:`predict_and_measure`)."""
+    out = {}
+    for col in [c for c in table.columns if c.startswith("predicted_ms_")]:
+        err = (100 * (table[col] / table.measured_ms - 1)).abs()
+        out[f"ablation_{col[len('predicted_ms_'):]}"] = {
+            "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max())}
     return out
 
 

@@ -165,7 +165,7 @@ def memory_shape(predicted: pd.DataFrame, measured: pd.DataFrame, samples: int =
                      np.asarray(measured_actions, dtype=float).reshape(-1, 2) if both else None)
     peak = float(m.max())
     at = np.linspace(0.0, 1.0, samples)
-    top = int(np.argmax(p))
+    top, top_meas = int(np.argmax(p)), int(np.argmax(m))
     if both:  # the samples inside the action the predicted peak falls in
         n = len(predicted_actions)
         action = np.minimum((at * n).astype(int), n - 1)
@@ -174,6 +174,6 @@ def memory_shape(predicted: pd.DataFrame, measured: pd.DataFrame, samples: int =
         held = float(m[top])
     return {"peak_at_pred": float(at[top]),
             "measured_at_predicted_peak": held / peak if peak > 0 else 1.0,
-            "peak_at_meas": float(at[int(np.argmax(m))]),
-            "peak_shift": float(at[int(np.argmax(p))] - at[int(np.argmax(m))]),
+            "peak_at_meas": float(at[top_meas]),
+            "peak_shift": float(at[top] - at[top_meas]),
             "shape_error": float(np.mean(np.abs(p - m)) / peak) if peak > 0 else 0.0}

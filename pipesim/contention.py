@@ -114,15 +114,19 @@ class ProcessorSharing:
         self.last = 0.0
         self.timer = 0  # generation of the pending timer: older ones are ignored
 
-    def _rate(self, ev: simpy.Event) -> float:
+    def _rates(self) -> dict[simpy.Event, float]:
+        """Each running action's rate: the law's, over its slowdown, while shared."""
         k = len(self.work)
-        return self.law(k) / self.slowdown[ev] if k > 1 else 1.0
+        if k <= 1:
+            return dict.fromkeys(self.work, 1.0)
+        shared = self.law(k)
+        return {ev: shared / self.slowdown[ev] for ev in self.work}
 
     def _advance(self) -> None:
         now = self.env.now
         elapsed = now - self.last
-        for ev in self.work:
-            self.work[ev] -= elapsed * self._rate(ev)
+        for ev, rate in self._rates().items():
+            self.work[ev] -= elapsed * rate
         self.last = now
 
     def _schedule(self) -> None:
@@ -130,7 +134,7 @@ class ProcessorSharing:
         if not self.work:
             return
         generation = self.timer
-        delay = min(max(w, 0.0) / self._rate(ev) for ev, w in self.work.items())
+        delay = min(max(self.work[ev], 0.0) / rate for ev, rate in self._rates().items())
         self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
 
     def _expire(self, generation: int) -> None:
