@@ -69,7 +69,35 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     # + the law measured (threads with their own streams, together against alone)
     "measured_streams": lambda p, c: ((p, dataclasses.replace(c, device_sharing="concurrent"))
                                       if "stream_speedup" in p.meta else None),
+    # the size-scaling law (the device alone) with the workers as threads of one process:
+    # their backwards issued in turn by autograd's one thread for the GPU, for the host
+    # seconds the profile measured (no interpreter share was measured in these runs)
+    "threads_engine": lambda p, c: ((_without_law(p), _threads(c))
+                                    if "host_bwd_s" in p.table and _on_gpu(c) else None),
 }
+
+
+def _threads(cluster: Cluster) -> Cluster:
+    return dataclasses.replace(cluster, device_sharing="concurrent", devices=[
+        dataclasses.replace(d, process="workers") for d in cluster.devices])
+
+
+def _on_gpu(cluster: Cluster) -> bool:
+    return all(d.physical.startswith("cuda") for d in cluster.devices)
+
+
+def _with_host_times(profile: Profile, folder: Path) -> Profile:
+    """``profile`` with ``host_fwd_s``/``host_bwd_s`` from the trace folder's
+    ``host_vs_device.csv`` (the issuing call's seconds beside CUDA-event seconds of the same
+    work, per layer and size): each layer's host share of that measurement applied to the
+    profile's own device seconds."""
+    table = pd.read_csv(folder / "host_vs_device.csv").rename(columns={"size": "micro_batch"})
+    shares = table.assign(fwd=table.host_fwd_s / table.dev_fwd_s,
+                          bwd=table.host_bwd_s / table.dev_bwd_s)[["micro_batch", "layer", "fwd", "bwd"]]
+    merged = profile.table.merge(shares, on=["micro_batch", "layer"], how="left")
+    merged["host_fwd_s"] = merged.fwd_s * merged.fwd
+    merged["host_bwd_s"] = merged.bwd_s * merged.bwd
+    return Profile(merged.drop(columns=["fwd", "bwd"]), profile.meta, profile.source)
 
 
 def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
@@ -104,7 +132,7 @@ def traces(evidence: Path) -> list[dict]:
         if not folder.is_dir():
             continue
         model, dtype = folder.name.split("_")
-        profile = Profile.load(folder / "profile.csv")
+        profile = _with_host_times(Profile.load(folder / "profile.csv"), folder)
         cluster = Cluster.load(folder / "cluster.json")
         for run in sorted(p for p in folder.iterdir() if p.is_dir()):
             measured = Trace.load(run, "measured")

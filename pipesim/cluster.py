@@ -34,6 +34,9 @@ class Link:
 
 FREE = Link(0.0, math.inf)
 
+#: device types whose backward autograd runs on a thread of its own, one per device
+ACCELERATORS = frozenset({"cuda", "xpu", "mps", "hpu", "mtia", "privateuseone"})
+
 
 @dataclass(frozen=True)
 class Device:
@@ -54,6 +57,16 @@ class Device:
     def resource(self) -> str:
         """The compute resource this worker uses (its physical device)."""
         return self.physical or self.name
+
+    @property
+    def engine(self) -> str:
+        """The thread that issues this worker's backward, where threads share one: autograd
+        runs the backward of an accelerator's tensors on one thread per device and process
+        (a CPU's on the calling thread), so the threads of one process driving one GPU
+        issue their backwards one at a time; "" where the worker's own thread does."""
+        if not self.process or self.physical.split(":")[0] not in ACCELERATORS:
+            return ""
+        return f"{self.process}/{self.physical}"
 
 
 @dataclass

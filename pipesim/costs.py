@@ -74,6 +74,11 @@ class StageCost:
     #: the micro-batch is checkpointed): :meth:`pipesim.profile.Profile.interpreter_slowdown`
     interpreter_fwd_slowdown: float = 1.0
     interpreter_bwd_slowdown: float = 1.0
+    #: share of the forward's / the backward's seconds the host spends issuing them
+    #: (:attr:`pipesim.profile.LayerCost.host_fwd_share`); a GPU's backward is issued by
+    #: autograd's one engine thread for that device, which the threads of a process share
+    host_fwd_share: float = 1.0
+    host_bwd_share: float = 1.0
 
 
 class PlanCosts:
@@ -130,6 +135,8 @@ class PlanCosts:
                         interpreter_ckpt_bwd_share=gil_ckpt[1] if gil_ckpt else None,
                         interpreter_fwd_slowdown=slow["Fc" if ckpt else "F"],
                         interpreter_bwd_slowdown=slow["Bc" if ckpt else "B"],
+                        host_fwd_share=span.host_fwd_share,
+                        host_bwd_share=span.host_bwd_share,
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,

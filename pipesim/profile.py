@@ -162,6 +162,12 @@ class LayerCost:
     #: bytes ``I`` leaves for ``W`` (columns ``w_pending_bytes``, ``w_received_bytes``;
     #: without them, the output gradients of the span's inner layers with parameters)
     w_pending_bytes: float = 0.0
+    #: the share of ``fwd_s`` / ``bwd_s`` the host spends issuing the work (columns
+    #: ``host_fwd_s``, ``host_bwd_s`` summed over the span against the device seconds,
+    #: at most 1): on a GPU, the part of an action a busy host thread delays; 1 where not
+    #: profiled (on a CPU the host does the work)
+    host_fwd_share: float = 1.0
+    host_bwd_share: float = 1.0
 
 
 @dataclass
@@ -364,9 +370,16 @@ class Profile:
             pending = float(cols["w_pending_bytes"].sum() + cols["w_received_bytes"][:-1].sum())
         else:  # the output gradients of the inner layers with weights
             pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
+        host_fwd = host_bwd = 1.0
+        if "host_fwd_s" in cols and "host_bwd_s" in cols:
+            layers_fwd = float(cols["fwd_s"].sum())
+            host_fwd = _share(float(cols["host_fwd_s"].sum()), layers_fwd)
+            host_bwd = _share(float(cols["host_bwd_s"].sum()), bwd_layers)
         return LayerCost(
             fwd_s=fwd_s,
             bwd_s=bwd_s,
+            host_fwd_share=host_fwd,
+            host_bwd_share=host_bwd,
             bwd_input_s=i_s * scale,
             bwd_weight_s=w_s * scale,
             w_pending_bytes=pending,
@@ -674,6 +687,13 @@ def _at_size(table: list[tuple[float, list[float]]], micro_batch: float) -> list
     (a, lo_values), (b, hi_values) = table[hi - 1], table[hi]
     w = (micro_batch - a) / (b - a)
     return [(1 - w) * x + w * y for x, y in zip(lo_values, hi_values, strict=False)]
+
+
+def _share(host_s: float, device_s: float) -> float:
+    """Host seconds over device seconds, in [0, 1] (1 where either is unknown or the
+    device did nothing)."""
+    share = host_s / device_s if device_s > 0 else math.nan
+    return min(max(share, 0.0), 1.0) if math.isfinite(share) else 1.0
 
 
 def validate_table(table: pd.DataFrame, source: str = "<memory>") -> pd.DataFrame:

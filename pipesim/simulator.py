@@ -17,7 +17,13 @@ While actions overlap on a concurrently shared device, or on a host whose proces
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
 engine decides when an action runs, that module how fast.  Workers that are threads of
 one process also hold its interpreter for their measured share of each action, one at a
-time; an action then ends when both its work and that share are done.
+time; an action then ends when both its work and that share are done.  Their backwards on
+an accelerator are issued by autograd's one thread for that device instead (its
+``engine``, :attr:`pipesim.cluster.Device.engine`), in turn::
+
+    worker 0   B(0, m)  |====....====|        backward work on the device (streams)
+    worker 1   B(1, m')      |===....===|     and the engine's issue, one at a time:
+    engine     0 0 0 0 1 0 1 0 1 1 1 1        each waits for the other's share
 
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
@@ -131,6 +137,7 @@ class _Run:
                       for h in sim.shared_hosts}
         self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
                              for p in sim.shared_processes}
+        self.engines = {e: ProcessorSharing(self.env, interpreter_law) for e in sim.shared_engines}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -194,6 +201,7 @@ class _Run:
         # concurrently, else the host when its processes slow each other, else alone
         sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
+        engine = self.engines.get(sim.cluster.devices[w].engine)
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
         name = f"dev{w}"
@@ -229,11 +237,20 @@ class _Run:
                 if jitter.sigma:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
             work = timeout(seconds) if sharing is None else sharing.run(seconds)
-            if interpreter is not None and step.interpreter_s:
+            scale = seconds / step.seconds if step.seconds else 1.0
+            if engine is not None and step.engine_s:
+                # a backward on an accelerator ends when its work is done and autograd's
+                # thread for the device has issued it, in turn with the other threads'
+                # backwards: for the measured share where the profile has one (two threads'
+                # backwards on one device measured together are this thread's turns), else
+                # for its host seconds
+                held = step.interpreter_s or step.engine_s
+                yield simpy.AllOf(env, [work, engine.run(held * scale, step.interpreter_slowdown)])
+            elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
-                held = step.interpreter_s * (seconds / step.seconds if step.seconds else 1.0)
-                yield simpy.AllOf(env, [work, interpreter.run(held, step.interpreter_slowdown)])
+                yield simpy.AllOf(env, [work, interpreter.run(step.interpreter_s * scale,
+                                                              step.interpreter_slowdown)])
             else:
                 yield work
             end = env.now
@@ -378,6 +395,11 @@ class Simulator:
             if self.cluster.devices[w].process:
                 processes[self.cluster.devices[w].process].append(w)
         self.shared_processes = [p for p, ws in processes.items() if len(ws) > 1]
+        engines = defaultdict(list)
+        for w in workers:
+            if self.cluster.devices[w].engine:
+                engines[self.cluster.devices[w].engine].append(w)
+        self.shared_engines = [e for e, ws in engines.items() if len(ws) > 1]
         hosts = defaultdict(set)
         for w in workers:
             if self.cluster.devices[w].host:

@@ -55,6 +55,7 @@ class Step(NamedTuple):
     interpreter_slowdown: float = 1.0  # those seconds' slowdown while it has company
     recompute_bytes: float = 0.0  # activations it recomputes, appearing along recompute_walk
     recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
+    engine_s: float = 0.0  # of ``seconds``, those autograd's device thread spends issuing it
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -193,7 +194,8 @@ class StepBuilder:
                          parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
-                         interpreter_slowdown=c.interpreter_bwd_slowdown)
+                         interpreter_slowdown=c.interpreter_bwd_slowdown,
+                         engine_s=seconds * c.host_bwd_share)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -210,7 +212,14 @@ class StepBuilder:
         held = (seconds * c.interpreter_ckpt_bwd_share if c.interpreter_ckpt_bwd_share is not None
                 else recompute * c.interpreter_fwd_share
                 + (seconds - recompute) * c.interpreter_bwd_share)
+        # what autograd's engine issues: the backward, and the recomputation that
+        # torch.utils.checkpoint runs from it (a split backward's I re-runs the forward on
+        # the worker's own thread first)
+        engine = (seconds - recompute) * c.host_bwd_share
+        if kind == BACKWARD:
+            engine += recompute * c.host_fwd_share
         if measured is not None:
+            engine *= measured / seconds if seconds else 1.0
             seconds, recompute, held = measured, min(recompute, measured), 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
@@ -218,7 +227,7 @@ class StepBuilder:
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or WHOLE,
                      interpreter_s=held, interpreter_slowdown=c.interpreter_bwd_slowdown,
                      recompute_bytes=c.recompute_bytes - in_place,
-                     recompute_walk=c.recompute_walk or ((0.0, 1.0),))
+                     recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine)
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""

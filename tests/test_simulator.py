@@ -622,6 +622,58 @@ def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_s
     assert PlanCosts(shares, never).cost(1, 0).interpreter_ckpt_bwd_share is None
 
 
+def _with_host(prof: Profile, fwd: float, bwd: float) -> Profile:
+    """``prof`` with host issue seconds, ``fwd`` / ``bwd`` of each layer's device seconds."""
+    table = prof.table.assign(host_fwd_s=prof.table.fwd_s * fwd,
+                              host_bwd_s=prof.table.bwd_s * bwd)
+    return Profile(table, prof.meta)
+
+
+def test_a_worker_has_an_engine_thread_only_as_a_thread_driving_an_accelerator():
+    assert Device("w", physical="cuda:0", process="p").engine == "p/cuda:0"
+    assert Device("w", physical="cuda:0").engine == ""  # a process of its own
+    assert Device("w", physical="core0", process="p").engine == ""  # a CPU: its own thread
+    assert Device("w", physical="cpu", process="p").engine == ""
+
+
+def test_threads_on_one_gpu_issue_their_backwards_in_turn():
+    # two stages as threads on one GPU whose streams run fully concurrently (speedup 2):
+    # GPipe, 2 micro-batches of 1 sample, one layer a stage.  The backwards go
+    #   stage 1: B(1,a) |==|            then B(1,b) |==|
+    #   stage 0:                  B(0,a) |==|       then B(0,b) |==|
+    # and B(1,b) overlaps B(0,a): issued by one engine thread in turn, each takes 2B
+    # there (the pair ends 2B later than on two threads of their own), forwards unchanged
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    gpu = Cluster([Device(f"w{i}", physical="cuda:0", process="p") for i in range(2)],
+                  device_sharing="concurrent", device_speedup=(1.0, 2.0))
+    apart = dataclasses.replace(gpu, devices=[dataclasses.replace(d, process="")
+                                              for d in gpu.devices])
+    prof = uniform_profile(2, sizes=(1, 2))
+    free = metrics(simulate(_with_host(prof, 1.0, 1.0), plan, apart)).iteration_time_s
+    turns = simulate(_with_host(prof, 1.0, 1.0), plan, gpu)
+    assert metrics(turns).iteration_time_s == pytest.approx(free + B)
+    f = turns.actions.query("kind == 'F'")
+    assert (f.end - f.start).tolist() == pytest.approx([F] * 4)
+    # a backward issued in a tenth of its device time leaves the engine free enough
+    quick = simulate(_with_host(prof, 1.0, 0.1), plan, gpu)
+    assert metrics(quick).iteration_time_s == pytest.approx(free)
+    # the same threads on CPU cores run their backwards on their own threads
+    cores = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)])
+    cores_apart = Cluster([Device(f"t{i}", physical=f"core{i}") for i in range(2)])
+    assert (metrics(simulate(_with_host(prof, 1.0, 1.0), plan, cores)).iteration_time_s
+            == pytest.approx(metrics(simulate(prof, plan, cores_apart)).iteration_time_s))
+
+
+def test_host_shares_come_from_the_host_columns_and_default_to_the_whole_action():
+    prof = uniform_profile(4, sizes=(1, 2))
+    plan = Plan([2, 2], 2, 2, checkpoint="never")
+    assert PlanCosts(prof, plan).cost(0, 0).host_bwd_share == 1.0
+    c = PlanCosts(_with_host(prof, 0.25, 0.5), plan).cost(0, 0)
+    assert (c.host_fwd_share, c.host_bwd_share) == pytest.approx((0.25, 0.5))
+    # issuing cannot take longer than the action it issues
+    assert PlanCosts(_with_host(prof, 3.0, 2.0), plan).cost(1, 1).host_fwd_share == 1.0
+
+
 def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
     import simpy
 
