@@ -179,8 +179,9 @@ def main() -> None:
                 label = f"{name}/{dtype}/{n_stages}st"
                 # ablations: the same plans under the law the size scaling implies (the
                 # device alone); and that law with the workers as threads of one process,
-                # holding its interpreter for their measured shares and slowdowns (the
-                # host's part the measured law folds in, modelled action by action)
+                # holding its interpreter for their forwards' measured shares and slowdowns
+                # and issuing their backwards in turn on autograd's one thread for the GPU
+                # (the host's part the measured law folds in, modelled action by action)
                 threads = dataclasses.replace(cluster, devices=[
                     dataclasses.replace(d, process="workers") for d in cluster.devices])
                 table, traces = predict_and_measure(
