@@ -64,9 +64,14 @@ class Device:
         runs the backward of an accelerator's tensors on one thread per device and process
         (a CPU's on the calling thread), so the threads of one process driving one GPU
         issue their backwards one at a time; "" where the worker's own thread does."""
-        if not self.process or self.physical.split(":")[0] not in ACCELERATORS:
-            return ""
-        return f"{self.process}/{self.physical}"
+        return f"{self.process}/{self.physical}" if self.process and self.on_accelerator else ""
+
+    @property
+    def on_accelerator(self) -> bool:
+        """Whether the worker runs on an accelerator (``physical`` such as ``cuda:0``),
+        whose caching allocator reserves more than its tensors hold
+        (:mod:`pipesim.allocator`)."""
+        return self.physical.split(":")[0] in ACCELERATORS
 
 
 @dataclass

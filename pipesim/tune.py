@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import pandas as pd
 from tqdm.auto import tqdm
 
+from pipesim.allocator import CUDA_H100, CachingAllocator, reserved_peaks
 from pipesim.balance import block_partition, min_max_partition
 from pipesim.cluster import Cluster
 from pipesim.errors import PlanError
@@ -78,7 +79,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
          schedules: Sequence[str] = ("gpipe", "1f1b"), method: str = "minmax",
          refine: bool = True, optimizer: str | float = "sgd",
          virtual_stages: Sequence[int] = (2, 3), progress: bool = False,
-         margin: float = 0.10) -> TuneResult:
+         margin: float = 0.10, allocator: CachingAllocator = CUDA_H100) -> TuneResult:
     """Ranked plans for ``batch_size`` samples on ``n_devices`` within ``memory_budget`` bytes.
 
     ``chunks`` defaults to powers of two up to the batch size whose micro-batches fall in
@@ -90,8 +91,11 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     ``margin`` of it, is within both the budget and that device's ``memory_bytes``: the
     default 10% covers all but 6 of the 252 device peaks of the CPU memory grid
     (``experiments/validate_memory.py``; the worst, -15%, is U-Net's first stage
-    checkpointed at 16 micro-batches); 0 trusts the prediction as it is.  ``progress``
-    shows a bar (on stderr).
+    checkpointed at 16 micro-batches); 0 trusts the prediction as it is.  On an
+    accelerator (a device such as ``cuda:0``) the plan's estimated reserved bytes must fit
+    too: what a caching allocator holds, under ``allocator``'s assumptions
+    (:mod:`pipesim.allocator`; by default PyTorch's CUDA allocator with an H100's cuBLAS
+    workspaces).  ``progress`` shows a bar (on stderr).
     """
     if margin < 0:
         raise PlanError(f"margin must be >= 0, got {margin}")
@@ -111,6 +115,8 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     limit: dict[str, float] = {}
     for d in cluster.devices[:n_devices]:
         limit[d.resource] = min(limit.get(d.resource, math.inf), memory_budget, d.memory_bytes)
+    # physical devices whose allocator reserves beyond what is allocated
+    cached = {d.resource for d in cluster.devices[:n_devices] if d.on_accelerator}
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
         raise PlanError(f"unknown schedule(s) {unknown}; choose of {', '.join(SCHEDULES)}")
@@ -135,15 +141,21 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                     if plan in seen:
                         continue
                     seen.add(plan)
-                    m = metrics(simulate(profile, plan, cluster))
+                    trace = simulate(profile, plan, cluster)
+                    m = metrics(trace)
                     peak = max(m.peak_memory_bytes.values())
                     fits = all(p * (1 + margin) <= limit.get(d, memory_budget)
                                for d, p in m.peak_memory_bytes.items())
+                    reserved = ({d: r for d, r in reserved_peaks(trace, allocator).items()
+                                 if d in cached} if cached else {})
+                    fits = fits and all(r <= limit.get(d, memory_budget)
+                                        for d, r in reserved.items())
                     rows.append({"plan": plan, "balance": ",".join(map(str, balance)),
                                  "chunks": c, "checkpoint": ckpt, "schedule": schedule,
                                  "virtual_stages": v,
                                  "iteration_s": m.iteration_time_s, "throughput": m.throughput,
                                  "bubble": m.mean_bubble, "peak_bytes": peak,
+                                 "reserved_bytes": max(reserved.values(), default=math.nan),
                                  "fits": fits, "from_partition": balance == base})
     bar.close()
     table = pd.DataFrame(rows)
@@ -155,6 +167,8 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
         raise PlanError(f"no plan fits {tightest / 2**20:.3f} MiB per device (the budget, or a "
                         f"device's memory if smaller) with a {margin:.0%} margin; the smallest "
                         f"peak any plan needs is {smallest.peak_bytes / 2**20:.3f} MiB "
-                        f"({smallest.plan.label()})")
+                        f"({smallest.plan.label()})"
+                        + (f", its estimated reserved {smallest.reserved_bytes / 2**20:.3f} MiB"
+                           if cached else ""))
     table = table.sort_values(["fits", "throughput"], ascending=[False, False]).reset_index(drop=True)
     return TuneResult(list(fitting["plan"]), table)
