@@ -180,12 +180,14 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                    name=name)
 
 
-def host_contention(n_devices: int, threads_per_rank: int = 1) -> float:
+def host_contention(n_devices: int, threads_per_rank: int = 1, steps: int = 10) -> float:
     """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
-    many ranks as the run has (up to the host's slots, at least 2), in a ring; the median
-    of three, since one measurement on a shared machine varies by a factor of 3."""
+    many ranks as the run has (up to the host's slots, at least 2), in a ring, alone and
+    together alternating every ``steps`` steps (10: phases of a few ms, as long as a
+    pipeline's actions); the median of three."""
     ranks = max(min(n_devices, _slots(threads_per_rank)), 2)
-    return statistics.median(measure_contention(ranks)["host_contention"] for _ in range(3))
+    return statistics.median(measure_contention(ranks, steps=steps)["host_contention"]
+                             for _ in range(3))
 
 
 def _slots(threads_per_rank: int) -> int:
@@ -218,11 +220,13 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     return _overheads(actions, prof, plan)
 
 
-def _contention_loop(rank: int, barrier, iterations: int, world: int, port: int, out) -> None:
-    """Time forward+backward of the calibration MLP, starting with the other ranks; with
-    ``world > 1`` the ranks also exchange an activation-sized tensor after every step over
-    gloo, as pipeline ranks do (their communication threads share the cores too).  Only
-    the compute is timed."""
+def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, port: int,
+                     out) -> None:
+    """Time forward+backward of the calibration MLP alone and beside the other ranks, in
+    alternation: each round has a phase per rank in which that rank computes ``steps``
+    steps while the others wait at the barrier, then one in which all compute and pass an
+    activation-sized tensor round a ring over gloo after every step, as pipeline ranks do
+    (their communication threads share the cores too).  Only the compute is timed."""
     from executor.models import builtin_job
 
     torch.set_num_threads(1)
@@ -235,42 +239,51 @@ def _contention_loop(rank: int, barrier, iterations: int, world: int, port: int,
     peer = (rank + 1) % world
     for _ in range(5):
         loss_fn(module(x), y).backward()
-    barrier.wait()
-    times = []
-    for _ in range(iterations):
-        t0 = time.perf_counter()
-        loss_fn(module(x), y).backward()
-        times.append(time.perf_counter() - t0)
-        if world > 1:
-            sent = dist.isend(message, peer)
-            got = dist.irecv(inbox, (rank - 1) % world)
-            for work in (sent, got):
-                if work is not None:
-                    work.wait()
-    out.put((rank, statistics.median(times)))
+    alone: list[float] = []
+    together: list[float] = []
+    for _ in range(rounds):
+        for phase in range(world + 1):  # phase r < world: rank r alone; world: all of them
+            barrier.wait()
+            if phase not in (rank, world):
+                continue
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                loss_fn(module(x), y).backward()
+                (together if phase == world else alone).append(time.perf_counter() - t0)
+                if phase == world and world > 1:
+                    sent = dist.isend(message, peer)
+                    got = dist.irecv(inbox, (rank - 1) % world)
+                    for work in (sent, got):
+                        if work is not None:
+                            work.wait()
+    out.put((rank, statistics.median(alone), statistics.median(together)))
     if world > 1:
         dist.destroy_process_group()
 
 
-def measure_contention(workers: int = 2, iterations: int = 200) -> dict[str, float]:
+def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10
+                       ) -> dict[str, float]:
     """How much ``workers`` processes computing at once slow each other (``host_contention``).
 
-    The same forward+backward loop runs in one process, then in ``workers`` processes
-    started together that pass a message round a ring after every step, as pipeline
-    ranks do; ``contention = (together / alone - 1) / (workers - 1)`` from the compute
-    times alone.  A separate measurement, never the plans being validated.  On this
-    project's 2-core VM it is not a constant of the machine: four measurements in a row
-    read 0.78, 0.24, 0.0 and 0.60 with 200 steps, 0.85, 0.15, 0.63 and 0.28 with 2,000
-    (2026-11-23); calibrate_cpu takes the median of three.
+    ``workers`` processes run the same forward+backward loop, each alone in turn and all
+    together, alternating every ``steps`` steps for ``iterations`` steps of each kind (see
+    :func:`_contention_loop`); ``contention = (together / alone - 1) / (workers - 1)`` from
+    the compute times alone.  A separate measurement, never the plans being validated.
+    Alone and together alternate within seconds, so a neighbour's load on a shared machine
+    weighs on both alike: measured one after the other (this function until 2026-11-23)
+    four readings in a row on this project's 2-core VM gave 0.78, 0.24, 0.0 and 0.60,
+    where the actions of a 2-rank pipeline grid that overlapped the other rank's ran only
+    10-24% over those that did not.
     """
     from executor.distributed import _free_port
 
-    def timed(n: int) -> float:
-        barrier = mp.get_context("spawn").Barrier(n)
-        results = _gather(_contention_loop, n, (barrier, iterations, n, _free_port()),
-                          expected=n)
-        return statistics.median(median for _, median in results)
-
-    alone, together = timed(1), timed(workers)
+    if workers < 2:
+        raise ValueError(f"contention needs at least 2 workers, got {workers}")
+    rounds = max(1, -(-iterations // steps))
+    barrier = mp.get_context("spawn").Barrier(workers)
+    results = _gather(_contention_loop, workers,
+                      (barrier, rounds, steps, workers, _free_port()), expected=workers)
+    alone = statistics.median(a for _, a, _ in results)
+    together = statistics.median(t for _, _, t in results)
     return {"alone_s": alone, "together_s": together,
-            "host_contention": max(together / alone - 1.0, 0.0) / max(workers - 1, 1)}
+            "host_contention": max(together / alone - 1.0, 0.0) / (workers - 1)}

@@ -62,6 +62,8 @@ MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
           "unet": dict(depth=2, width=16, image_size=32)}
 BATCH = 32
+#: steps per phase of the sustained host-contention ablation (see host_contention)
+SUSTAINED_STEPS = 200
 
 
 def main() -> None:
@@ -101,6 +103,9 @@ def main() -> None:
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
+    # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
+    # pipeline's ranks overlap for an action at a time)
+    sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS)]
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
@@ -141,10 +146,13 @@ def main() -> None:
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads))
+        sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS))
         model_cluster = dataclasses.replace(cluster, host_contention=sum(contention[-2:]) / 2)
         unbracketed = dataclasses.replace(cluster, host_contention=contention[-2])
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0)),
+                     "sustained_contention": (prof, dataclasses.replace(
+                         cluster, host_contention=sum(sustained[-2:]) / 2)),
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
@@ -173,6 +181,7 @@ def main() -> None:
     summary["passes"] = args.passes
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
+    summary["host_contention_sustained_readings"] = sustained
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,

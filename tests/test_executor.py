@@ -522,3 +522,15 @@ def test_measured_memory_is_sorted_into_categories(schedule):
         assert {mb for _, mb, kind, _, _ in ran if kind == "F"} == set(range(4))
         times = trace.memory[trace.memory.device == f"dev{w}"].time
         assert all(0.0 <= start < end <= times.max() + 1e-3 for *_, start, end in ran)
+
+
+def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():
+    from executor.calibrate import measure_contention
+
+    m = measure_contention(2, iterations=20, steps=5)
+    assert m["alone_s"] > 0 and m["together_s"] > 0
+    # (together / alone - 1) over the one other rank; never negative
+    expected = max(m["together_s"] / m["alone_s"] - 1.0, 0.0)
+    assert m["host_contention"] == pytest.approx(expected)
+    with pytest.raises(ValueError, match="at least 2 workers"):
+        measure_contention(1)
