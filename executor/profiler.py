@@ -558,7 +558,10 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
     a ratio over 2 is a pass held wholly that also loses time waiting for the lock, by
     ``ratio / 2`` (the slowdown, 1 otherwise).
     The backward is timed on a graph built once (``retain_graph``): autograd's engine
-    runs it outside the interpreter, the forward is Python issuing operations.  The
+    runs it outside the interpreter, the forward is Python issuing operations.  On a GPU
+    both threads' backwards go to the engine's one thread for the device, so ``B`` and
+    ``Bc`` there read its turns (the simulator holds them on that thread,
+    :attr:`pipesim.cluster.Device.engine`, not on the interpreter).  The
     checkpointed passes run the checkpoint's Python hooks on every saved tensor, and the
     recomputation is a forward run from the engine: on this project's CPU two checkpointed
     forwards together took 2.6-3.5x one alone (plain ones 1.8-2.0x).

@@ -10,7 +10,10 @@
 #   call 1: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer; first
 #           since the CPU ranks now keep the memory they free: 17% median there before)
 #   call 2: tests, then gpu --stages 2      (about 1 + 7 minutes; the grid also predicts every
-#           plan as threads of one process: predicted_ms_threads_interpreter)
+#           plan as threads of one process: predicted_ms_threads_interpreter, the interpreter
+#           for forwards and autograd's engine thread for backwards; its allocator snapshots,
+#           free of the profiler's leaked streams now, check the reserved-memory estimate
+#           independently: python experiments/reserved_evidence.py afterwards)
 #   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 2 left)
 # and carry .whl (simpy) and experiments/results/gpu from the previous call's tgz.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
