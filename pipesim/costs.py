@@ -118,7 +118,10 @@ class PlanCosts:
                         input_bytes=span.input_bytes,
                         output_bytes=span.output_bytes,
                         keep_bytes=span.output_bytes if ckpt else internal,
-                        recompute_bytes=internal - span.output_bytes if ckpt else 0.0,
+                        # a recomputation makes every saved tensor anew, the output too
+                        # where a layer saves it (the output itself is kept)
+                        recompute_bytes=(internal - span.output_bytes + span.output_saved_bytes
+                                         if ckpt else 0.0),
                         param_bytes=span.param_bytes,
                         # a checkpointed forward saves nothing as it goes: only a layer's
                         # temporaries; a recomputation runs inside the backward, beside

@@ -138,6 +138,9 @@ class LayerCost:
     #: once: the internal saved tensors, the input if saved, and the output.
     stash_bytes: float
     param_bytes: float
+    #: the part of the span's output its layers save (the last layer's saved output, or
+    #: the one before the Stash layers it ends in): a recomputation makes it anew
+    output_saved_bytes: float = 0.0
     #: what ``torch.utils.checkpoint`` adds over ``fwd_s`` to the forward, and over
     #: ``fwd_s + bwd_s`` (recomputation and backward) to the backward; 0 when the
     #: profile did not measure it
@@ -304,7 +307,14 @@ class Profile:
         # in the loss: then its output is the loss, and the last layer's output (logits)
         # lives on only as far as the loss saved it.
         loss_span = self.ends_in_loss(stop)
-        stash = saved.sum() - shared - (0.0 if loss_span else s_out[-1] - cols["output_bytes"][-1])
+        # (a span that ends in Stash layers outputs the tensor of the layer before them:
+        # saved there, it is in the stash already)
+        last = stop - 1
+        while (last > first and last in self._pass_through
+               and s_in[last - first] == 0 and s_out[last - first] == 0):
+            last -= 1
+        stash = saved.sum() - shared - (0.0 if loss_span
+                                        else s_out[last - first] - cols["output_bytes"][-1])
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
         bwd_layers = bwd_s
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
@@ -386,6 +396,7 @@ class Profile:
             input_bytes=float(cols["input_bytes"][0]),
             output_bytes=float(cols["output_bytes"][-1]),
             stash_bytes=float(stash),
+            output_saved_bytes=0.0 if loss_span else float(s_out[last - first]),
             param_bytes=float(cols["param_bytes"].sum()),
             ckpt_fwd_extra_s=ckpt_fwd,
             ckpt_bwd_extra_s=ckpt_bwd,

@@ -252,6 +252,21 @@ def test_a_stash_layer_passes_one_storage_on():
     assert plain.span_cost(0, 3, 2).stash_bytes - skipped.span_cost(0, 3, 2).stash_bytes == 80
 
 
+def test_a_stage_ending_in_a_stash_layer_outputs_a_tensor_its_stash_holds_already():
+    # layer 0 saves its output (40 a sample), the Stash layer 1 passes it on as the stage
+    # output: one storage, counted once -- not again as an output no layer saved (the
+    # U-Net's first stage of [4, 4, 2, 3] was 0.5 MiB over for it)
+    prof = synthetic_profile(3, sizes=(1, 2), act_bytes=40)
+    t = prof.table.copy()
+    t.loc[t.layer == 0, ["saved_output_bytes", "saved_bytes"]] = [[40, 340], [80, 680]]
+    t.loc[t.layer == 1, ["saved_bytes", "saved_input_bytes", "saved_output_bytes"]] = 0
+    plain = Profile(t, prof.meta)
+    skipped = _with_skip(plain, 1, 2, per_sample=40)
+    # without the skip, layer 1 is an ordinary layer that saves nothing: its output counts
+    assert plain.span_cost(0, 2, 2).stash_bytes == 680 + 80
+    assert skipped.span_cost(0, 2, 2).stash_bytes == 680
+
+
 def test_a_skip_gradient_holds_its_buffer_until_the_backward_ends():
     prof = _with_skip(synthetic_profile(4, sizes=(1, 2)), 1, 3)
     plan = Plan([2, 2], 1, 1, checkpoint="never")
