@@ -158,14 +158,16 @@ class _Run:
 
             self.env.timeout(delay).callbacks.append(arrive)
 
-    def _send(self, src: int, stage: int, mb: int, send: Send) -> None:
+    def _send(self, src: int, stage: int, mb: int, send: Send, not_before: float) -> float:
+        """Send ``send`` from worker ``src``, its bytes streaming from ``not_before`` on
+        at the earliest; returns when they are written (the arrival less the latency)."""
         index = send.event + 2 * mb
-        now = end = self.env.now
+        now = end = written = self.env.now
         if send.link is not None:
             # The link is busy while the bytes stream (one transfer at a time per
             # direction); latency only delays the arrival, so back-to-back sends pipeline.
-            start = max(now, self.link_free[send.link])
-            self.link_free[send.link] = start + send.seconds
+            start = max(not_before, self.link_free[send.link])
+            written = self.link_free[send.link] = start + send.seconds
             end = start + send.seconds + send.latency_s
             self.rows.append((self.iteration, src, stage, mb, send.kind, self.origin + start,
                               self.origin + end, round(send.nbytes), send.resource))
@@ -189,6 +191,7 @@ class _Run:
             # sender goes free at the same moment (or at the step's end, above).
             self.deltas.append((send.dst_device, end, send.nbytes, RECEIVED))
         self._arrive(index, end)
+        return written
 
     def worker(self, w: int):
         # The hot loop of every simulation: locals and inlined bookkeeping on purpose.
@@ -207,6 +210,7 @@ class _Run:
         name = f"dev{w}"
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
+        blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
         for mb, step in sim.programs[w]:
@@ -283,10 +287,16 @@ class _Run:
             rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
             if resource is not None:
                 resource.release(req)
+            # its sends, one after another; a blocking transport holds the worker until
+            # the last one's bytes are written (Cluster.blocking_sends)
+            written = env.now
             if step.send is not None:
-                self._send(w, step.stage, mb, step.send)
+                written = self._send(w, step.stage, mb, step.send, written if blocking else end)
             for extra in step.extra_sends:
-                self._send(w, step.stage, mb, extra)
+                written = max(written, self._send(w, step.stage, mb, extra,
+                                                  written if blocking else end))
+            if blocking and written > env.now:
+                yield timeout(written - env.now)
 
     def run(self) -> float:
         """Simulate; returns the iteration's end time (absolute seconds)."""

@@ -674,6 +674,29 @@ def test_host_shares_come_from_the_host_columns_and_default_to_the_whole_action(
     assert PlanCosts(_with_host(prof, 3.0, 2.0), plan).cost(1, 1).host_fwd_share == 1.0
 
 
+def test_a_blocking_send_holds_its_sender_until_its_bytes_are_written():
+    # uniform layers: F = 1 s a sample; each micro-batch's 100-byte activation takes 0.5 s
+    # on the link.  Streamed in the background, stage 0's second forward follows its first
+    # at once; written from the sender's thread (gloo), 0.5 s later -- and its arrival at
+    # stage 1 is the same either way
+    prof = uniform_profile(2, sizes=(1, 2))
+    plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
+    devices = [Device(f"d{i}") for i in range(2)]
+    streamed = Cluster(devices, link=Link(0.0, 200.0))
+    blocking = dataclasses.replace(streamed, blocking_sends=True)
+    for cluster, wait in ((streamed, 0.0), (blocking, 0.5)):
+        f = simulate(prof, plan, cluster).actions.query("kind == 'F'").set_index(
+            ["stage", "microbatch"])
+        assert f.loc[(0, 1), "start"] == pytest.approx(f.loc[(0, 0), "end"] + wait)
+        assert f.loc[(1, 0), "start"] == pytest.approx(f.loc[(0, 0), "end"] + 0.5)
+    # a local hand-over costs nothing, blocking or not
+    one = dataclasses.replace(blocking, devices=[Device("w0", physical="cpu0"),
+                                                 Device("w1", physical="cpu0")])
+    assert metrics(simulate(prof, plan, one)).iteration_time_s == pytest.approx(
+        metrics(simulate(prof, plan, dataclasses.replace(one, blocking_sends=False))).iteration_time_s)
+    assert Cluster.from_dict(blocking.to_dict()).blocking_sends
+
+
 def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
     import simpy
 
