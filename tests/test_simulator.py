@@ -664,6 +664,26 @@ def test_threads_on_one_gpu_issue_their_backwards_in_turn():
             == pytest.approx(metrics(simulate(prof, plan, cores_apart)).iteration_time_s))
 
 
+def test_a_backward_share_measured_on_a_gpu_is_the_engine_threads_turn():
+    # two threads' backwards measured together on one GPU read the engine's turns: with a
+    # measured backward share of 1 the engine holds each backward whole (the host columns'
+    # 0.1 aside), and the interpreter holds no backward beside it
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    gpu = Cluster([Device(f"w{i}", physical="cuda:0", process="p") for i in range(2)],
+                  device_sharing="concurrent", device_speedup=(1.0, 2.0))
+    apart = dataclasses.replace(gpu, devices=[dataclasses.replace(d, process="")
+                                              for d in gpu.devices])
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
+    free = metrics(simulate(prof, plan, apart)).iteration_time_s
+    measured = _threads_of_one_process(prof, (0.0, 1.0))
+    assert metrics(simulate(measured, plan, gpu)).iteration_time_s == pytest.approx(free + B)
+    # on CPU cores the same measured share is the interpreter's: the same turns there
+    cores = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)])
+    cores_apart = Cluster([Device(f"t{i}", physical=f"core{i}") for i in range(2)])
+    assert (metrics(simulate(measured, plan, cores)).iteration_time_s
+            == pytest.approx(metrics(simulate(measured, plan, cores_apart)).iteration_time_s + B))
+
+
 def test_host_shares_come_from_the_host_columns_and_default_to_the_whole_action():
     prof = uniform_profile(4, sizes=(1, 2))
     plan = Plan([2, 2], 2, 2, checkpoint="never")
