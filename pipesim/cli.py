@@ -180,6 +180,7 @@ def write_outputs(trace, out: Path, prefix: str, title: str) -> dict[str, Path]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    from pipesim.allocator import reserved_peaks
     from pipesim.simulator import Jitter, simulate
     from pipesim.trace import metrics
 
@@ -194,12 +195,19 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"optimizer {plan.optimizer} ({plan.optimizer_state_factor:g} bytes of state per "
           "parameter byte)")
     print(f"predicted {m.summary()}")
+    # an accelerator's caching allocator reserves more than the tensors hold: estimated
+    reserved = (reserved_peaks(trace)
+                if any(d.on_accelerator for d in cluster.devices[:plan.n_devices]) else {})
     for d in sorted(m.bubble):
-        peak = m.peak_memory_bytes.get(cluster.devices[d].resource, float("nan"))
-        capacity = cluster.devices[d].memory_bytes
-        over = f"  DOES NOT FIT: the device holds {format_bytes(capacity)}" if peak > capacity else ""
+        device = cluster.devices[d]
+        peak = m.peak_memory_bytes.get(device.resource, float("nan"))
+        held = reserved.get(device.resource) if device.on_accelerator else None
+        need = max(peak, held or 0.0)
+        over = (f"  DOES NOT FIT: the device holds {format_bytes(device.memory_bytes)}"
+                if need > device.memory_bytes else "")
+        estimate = f"  reserved ~{format_bytes(held)}" if held is not None else ""
         print(f"  device {d}: busy {m.busy_s[d] * 1e3:9.3f} ms  bubble {m.bubble[d]:6.1%}  "
-              f"peak {format_bytes(peak):>10}{over}")
+              f"peak {format_bytes(peak):>10}{estimate}{over}")
     paths = write_outputs(trace, Path(args.out), "simulated", f"predicted: {plan.label()}")
     print(f"wrote {paths['png']}, {paths['chrome']} and the trace CSVs in {args.out}")
     return 0
@@ -245,6 +253,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     show = table[table.fits].head(args.top).copy()
     show["iteration_ms"] = show.pop("iteration_s") * 1e3
     show["peak_MiB"] = show.pop("peak_bytes") / 2**20
+    reserved = show.pop("reserved_bytes") / 2**20
+    if reserved.notna().any():  # an accelerator's estimated reserved memory
+        show["reserved_MiB"] = reserved
     print(show.round(3).to_string(index=False))
     best = result.best
     (out / "best_plan.json").write_text(json.dumps(best.to_dict(), indent=2))

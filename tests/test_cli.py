@@ -164,6 +164,19 @@ def test_version_and_model_names():
     assert out.startswith("pipesim ")
 
 
+def test_on_a_gpu_simulate_and_tune_show_the_estimated_reserved_memory(profile_path, tmp_path,
+                                                                       capsys):
+    assert main(["simulate", str(profile_path), "--balance", "2,2", "--batch-size", "8",
+                 "--cluster", "shared-gpu", "--out", str(tmp_path / "s")]) == 0
+    assert "reserved ~" in capsys.readouterr().out
+    assert main(["tune", str(profile_path), "--batch-size", "8", "--cluster", "shared-gpu",
+                 "--out", str(tmp_path / "t")]) == 0
+    assert "reserved_MiB" in capsys.readouterr().out
+    assert main(["simulate", str(profile_path), "--balance", "2,2", "--batch-size", "8",
+                 "--cluster", "cpu", "--out", str(tmp_path / "c")]) == 0
+    assert "reserved" not in capsys.readouterr().out
+
+
 def test_simulate_says_when_a_plan_does_not_fit(profile_path, tmp_path, capsys):
     from pipesim.cluster import Cluster, Device
 
