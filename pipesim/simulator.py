@@ -7,7 +7,12 @@ streams run concurrently start at once and share the device's speed instead).  A
 sends its output to stage s+1, a finished B(s, m) its input gradient to stage s-1, over
 the link between the two workers: each direction of a link streams one transfer's bytes
 at a time (a copy stream / an async send), so transfers overlap compute but not each
-other; latency delays arrival without occupying the link.
+other; latency delays arrival without occupying the link.  Where the transport writes
+from the sender's own thread (``Cluster.blocking_sends``: gloo over TCP), the sender
+moves to its next action only once its bytes are written::
+
+    streamed   F(0,0) |====|F(0,1) |====|           blocking   F(0,0) |====|      |====|
+    link              |--send--|                               link   |--send--|
 
 Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
 per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
