@@ -629,6 +629,15 @@ def _with_host(prof: Profile, fwd: float, bwd: float) -> Profile:
     return Profile(table, prof.meta)
 
 
+def _two_threads_on_a_gpu() -> tuple[Cluster, Cluster]:
+    """Two workers on ``cuda:0`` whose streams run fully concurrently (speedup 2): as
+    threads of one process, and as processes of their own."""
+    gpu = Cluster([Device(f"w{i}", physical="cuda:0", process="p") for i in range(2)],
+                  device_sharing="concurrent", device_speedup=(1.0, 2.0))
+    return gpu, dataclasses.replace(gpu, devices=[dataclasses.replace(d, process="")
+                                                  for d in gpu.devices])
+
+
 def test_a_worker_has_an_engine_thread_only_as_a_thread_driving_an_accelerator():
     assert Device("w", physical="cuda:0", process="p").engine == "p/cuda:0"
     assert Device("w", physical="cuda:0").engine == ""  # a process of its own
@@ -644,10 +653,7 @@ def test_threads_on_one_gpu_issue_their_backwards_in_turn():
     # and B(1,b) overlaps B(0,a): issued by one engine thread in turn, each takes 2B
     # there (the pair ends 2B later than on two threads of their own), forwards unchanged
     plan = Plan([1, 1], 2, 2, checkpoint="never")
-    gpu = Cluster([Device(f"w{i}", physical="cuda:0", process="p") for i in range(2)],
-                  device_sharing="concurrent", device_speedup=(1.0, 2.0))
-    apart = dataclasses.replace(gpu, devices=[dataclasses.replace(d, process="")
-                                              for d in gpu.devices])
+    gpu, apart = _two_threads_on_a_gpu()
     prof = uniform_profile(2, sizes=(1, 2))
     free = metrics(simulate(_with_host(prof, 1.0, 1.0), plan, apart)).iteration_time_s
     turns = simulate(_with_host(prof, 1.0, 1.0), plan, gpu)
@@ -669,10 +675,7 @@ def test_a_backward_share_measured_on_a_gpu_is_the_engine_threads_turn():
     # measured backward share of 1 the engine holds each backward whole (the host columns'
     # 0.1 aside), and the interpreter holds no backward beside it
     plan = Plan([1, 1], 2, 2, checkpoint="never")
-    gpu = Cluster([Device(f"w{i}", physical="cuda:0", process="p") for i in range(2)],
-                  device_sharing="concurrent", device_speedup=(1.0, 2.0))
-    apart = dataclasses.replace(gpu, devices=[dataclasses.replace(d, process="")
-                                              for d in gpu.devices])
+    gpu, apart = _two_threads_on_a_gpu()
     prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
     free = metrics(simulate(prof, plan, apart)).iteration_time_s
     measured = _threads_of_one_process(prof, (0.0, 1.0))
