@@ -74,7 +74,27 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     # seconds the profile measured (no interpreter share was measured in these runs)
     "threads_engine": lambda p, c: ((_without_law(p), _threads(c))
                                     if "host_bwd_s" in p.table and _on_gpu(c) else None),
+    # + a forward's host issue holding the interpreter (no share was measured in these
+    # runs: assumed from the host columns, as forwards hold it wholly on CPU threads; a
+    # checkpointed forward's hooks too)
+    "threads_host_gil": lambda p, c: ((_with_host_shares(_without_law(p)), _threads(c))
+                                      if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table
+                                      and _on_gpu(c) else None),
 }
+
+
+def _with_host_shares(profile: Profile) -> Profile:
+    """``profile`` with ``meta["interpreter_share"]`` assumed from its host columns: a
+    forward holds the interpreter for its host seconds, a checkpointed one for those and
+    the checkpoint's extra seconds (its Python hooks); backwards none (autograd's engine
+    thread issues them, :attr:`pipesim.cluster.Device.engine`)."""
+    sums = profile.table.groupby("micro_batch")[["fwd_s", "host_fwd_s", "ckpt_fwd_s"]].sum()
+    shares = {}
+    for size, r in sums.iterrows():
+        hooks = max(r.ckpt_fwd_s - r.fwd_s, 0.0)
+        shares[str(size)] = {"F": min(r.host_fwd_s / r.fwd_s, 1.0), "B": 0.0,
+                             "Fc": min((r.host_fwd_s + hooks) / r.ckpt_fwd_s, 1.0), "Bc": 0.0}
+    return Profile(profile.table, {**profile.meta, "interpreter_share": shares}, profile.source)
 
 
 def _threads(cluster: Cluster) -> Cluster:
