@@ -21,6 +21,7 @@ import functools
 import os
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 
 import numpy as np
@@ -29,10 +30,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from executor.host_allocator import retain_freed_memory
+from executor.models import builtin_job
 from executor.transport import _work
 from pipesim.cluster import Cluster, Device, Link
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
+#: the workload of the host-contention calibration unless one is given: a small MLP
+CALIBRATION_JOB = functools.partial(builtin_job, "mlp", 8, width=256, depth=5, in_features=256)
 
 
 def _gather(target, n: int, args: tuple, expected: int) -> list:
@@ -146,7 +150,6 @@ def measure_overhead(iterations: int = 12, latency_s: float = 0.0) -> dict[str, 
     (experiments/validate.py), with the mean within 7%.  The median is reported too.
     """
     from executor.distributed import spawn
-    from executor.models import builtin_job
     from executor.profiler import profile
     from pipesim.plan import Plan
 
@@ -194,13 +197,14 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                    name=name)
 
 
-def host_contention(n_devices: int, threads_per_rank: int = 1, steps: int = 10) -> float:
+def host_contention(n_devices: int, threads_per_rank: int = 1, steps: int = 10,
+                    job: Callable = CALIBRATION_JOB, iterations: int = 200) -> float:
     """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
     many ranks as the run has (up to the host's slots, at least 2), in a ring, alone and
-    together alternating every ``steps`` steps (10: phases of a few ms, as long as a
-    pipeline's actions); the median of three."""
+    together alternating every ``steps`` steps (10 of the calibration MLP: phases of a few
+    ms, as long as a pipeline's actions), on ``job``'s workload; the median of three."""
     ranks = max(min(n_devices, _slots(threads_per_rank)), 2)
-    return statistics.median(measure_contention(ranks, steps=steps)["host_contention"]
+    return statistics.median(measure_contention(ranks, iterations, steps, job)["host_contention"]
                              for _ in range(3))
 
 
@@ -217,7 +221,6 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     is negligible, so measured action time beyond the profile and unexplained waits are
     the executor's (kernel launches from Python, stream waits, thread hand-over).
     """
-    from executor.models import builtin_job
     from executor.pipeline import Pipeline
     from executor.profiler import profile
     from pipesim.balance import even_balance
@@ -235,20 +238,18 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
 
 
 def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, port: int,
-                     out) -> None:
-    """Time forward+backward of the calibration MLP alone and beside the other ranks, in
+                     job: Callable, out) -> None:
+    """Time forward+backward of ``job``'s model alone and beside the other ranks, in
     alternation: each round has a phase per rank in which that rank computes ``steps``
     steps while the others wait at the barrier, then one in which all compute and pass an
     activation-sized tensor round a ring over gloo after every step, as pipeline ranks do
     (their communication threads share the cores too).  Only the compute is timed."""
-    from executor.models import builtin_job
-
     torch.set_num_threads(1)
     retain_freed_memory()
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
-    module, loss_fn, x, y = builtin_job("mlp", 8, width=256, depth=5, in_features=256)
+    module, loss_fn, x, y = job()
     message, inbox = torch.randn(8, 256), torch.empty(8, 256)
     peer = (rank + 1) % world
     for _ in range(5):
@@ -275,10 +276,15 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
         dist.destroy_process_group()
 
 
-def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10
-                       ) -> dict[str, float]:
+def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
+                       job: Callable = CALIBRATION_JOB) -> dict[str, float]:
     """How much ``workers`` processes computing at once slow each other (``host_contention``).
 
+    ``job`` gives the workload, ``(module, loss_fn, inputs, targets)`` (picklable: a
+    ``functools.partial`` of :func:`executor.models.builtin_job`): by default a small MLP;
+    a model's own layers say how much *that* model's ranks slow each other (memory
+    bandwidth and caches: on this VM U-Net's overlapped actions ran 1.1-1.4x their
+    profile, MLP's 1.0x, in one grid).
     ``workers`` processes run the same forward+backward loop, each alone in turn and all
     together, alternating every ``steps`` steps for ``iterations`` steps of each kind (see
     :func:`_contention_loop`); ``contention = (together / alone - 1) / (workers - 1)`` from
@@ -296,7 +302,7 @@ def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10
     rounds = max(1, -(-iterations // steps))
     barrier = mp.get_context("spawn").Barrier(workers)
     results = _gather(_contention_loop, workers,
-                      (barrier, rounds, steps, workers, _free_port()), expected=workers)
+                      (barrier, rounds, steps, workers, _free_port(), job), expected=workers)
     alone = statistics.median(a for _, a, _ in results)
     together = statistics.median(t for _, _, t in results)
     return {"alone_s": alone, "together_s": together,

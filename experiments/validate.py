@@ -106,6 +106,7 @@ def main() -> None:
     # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
     # pipeline's ranks overlap for an action at a time)
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS)]
+    model_readings: dict[str, float] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
@@ -122,6 +123,13 @@ def main() -> None:
                            progress=False, meta={"model": name})
 
         before = take_profile()
+        # the ablation model_contention: contention measured on this model's own layers
+        # (forward+backward of the whole model at a quarter of the batch, two processes
+        # alone and together in alternation, one step a phase)
+        own = host_contention(args.stages, args.threads, steps=1, iterations=30,
+                              job=functools.partial(builtin_job, name, BATCH // 4,
+                                                    **sizes_of_model))
+        model_readings[name] = own
         plans = grid(before, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
                      ("never", "except_last", "always"),
@@ -153,6 +161,8 @@ def main() -> None:
                      "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0)),
                      "sustained_contention": (prof, dataclasses.replace(
                          cluster, host_contention=sum(sustained[-2:]) / 2)),
+                     "model_contention": (prof, dataclasses.replace(cluster,
+                                                                    host_contention=own)),
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
@@ -182,6 +192,7 @@ def main() -> None:
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
     summary["host_contention_sustained_readings"] = sustained
+    summary["host_contention_model_readings"] = model_readings
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
