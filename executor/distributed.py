@@ -20,7 +20,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -276,7 +276,7 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
         for index, (plan, schedule) in enumerate(runs):
             result = run_rank(rank, module, loss_fn, inputs[: plan.batch_size],
                               targets[: plan.batch_size], plan, schedule=schedule,
-                              iterations=options.get("iterations", 5),
+                              iterations=options["iterations"][index],
                               warmup=options.get("warmup", 2),
                               timeout_s=options.get("timeout_s", 120),
                               fail_at=options.get("fail_at", {}).get(rank),
@@ -302,7 +302,7 @@ def spawn(job: Job, plan: Plan, *, schedule: Schedule | None = None,
 
 
 def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None] | None = None,
-                iterations: int = 5, warmup: int = 2, threads_per_rank: int = 1,
+                iterations: int | Sequence[int] = 5, warmup: int = 2, threads_per_rank: int = 1,
                 pin_cores: bool = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
                 track_memory: bool = True,
@@ -313,15 +313,20 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     plan may use the first ``plan.batch_size`` samples of the job's batch.
     ``fail_at={rank: "1F0"}`` injects a failure; ``pin_cores`` gives each rank its own
     share of this process's CPUs; ``tags=False`` receives in send order as on NCCL (the
-    same code path, testable on gloo).
+    same code path, testable on gloo).  ``iterations`` is one count for every plan or one
+    per plan (a short plan measured over more iterations: the same seconds of the run).
     """
     schedules = schedules or [None] * len(plans)
+    counts = [iterations] * len(plans) if isinstance(iterations, int) else list(iterations)
+    if len(counts) != len(plans) or min(counts, default=1) < 1:
+        raise ValueError(f"iterations: {iterations!r} is not a count >= 1 or one per plan "
+                         f"({len(plans)} plans)")
     runs = [(p, s or build_schedule(p)) for p, s in zip(plans, schedules, strict=True)]
     worlds = {s.n_devices for _, s in runs}
     if len(worlds) != 1:
         raise ValueError(f"plans need different numbers of ranks {sorted(worlds)}; spawn them apart")
     world = worlds.pop()
-    options = {"iterations": iterations, "warmup": warmup, "threads_per_rank": threads_per_rank,
+    options = {"iterations": counts, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
                "track_memory": track_memory, "tags": tags}
     if pin_cores:
@@ -378,7 +383,7 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                                        for t, c, b in ranks[r].memory_by_category],
                                       CATEGORY_COLUMNS) if track_memory else None
         meta = measured_meta(plan, schedule, "torch.distributed/gloo",
-                             {r: f"rank{r}" for r in range(world)}, iterations, warmup, losses,
+                             {r: f"rank{r}" for r in range(world)}, counts[index], warmup, losses,
                              peaks, TRACKED, memory_counted=TRACKED_COUNTS,
                              threads_per_rank=threads_per_rank, pinned=pin_cores)
         if track_memory:  # the tracked step's actions, beside its memory timeline

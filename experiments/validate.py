@@ -42,8 +42,10 @@ from experiments.validation import (
     confirm_choice,
     grid,
     in_passes,
+    iterations_for,
     noise_floor,
     pass_noise,
+    per_model_figures,
     predicted_against,
     profile_drift,
     replay_error,
@@ -64,12 +66,20 @@ MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
 BATCH = 32
 #: steps per phase of the sustained host-contention ablation (see host_contention)
 SUSTAINED_STEPS = 200
+#: seconds of iterations a plan is measured at least, each pass: on this 2-core VM one
+#: iteration of a short plan (MLP, ~10 ms) varies by 8% (CV) against 2-3% for GPT and U-Net
+#: (~50-150 ms), so the three iterations that suit those leave a short plan's median noisy
+MIN_SECONDS = 0.25
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
-    ap.add_argument("--iterations", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=3,
+                    help="iterations a plan is measured at least, each pass")
+    ap.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
+                    help="seconds a plan is measured at least, each pass: a short plan gets "
+                    "more iterations (from its predicted iteration time)")
     ap.add_argument("--passes", type=int, default=2,
                     help="runs of the whole grid (order reversed every other pass), each "
                     "plan's iterations joined: the load of one moment weighs less")
@@ -107,6 +117,7 @@ def main() -> None:
     # pipeline's ranks overlap for an action at a time)
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS)]
     model_readings: dict[str, float] = {}
+    per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
@@ -136,8 +147,10 @@ def main() -> None:
                      schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
 
-        def measure_once(ps, job=job):
-            return [r.trace for r, _ in spawn_plans(job, ps, iterations=args.iterations,
+        def measure_once(ps, job=job, prof=before):
+            counts = [iterations_for(prof, p, cluster, args.iterations, args.min_seconds)
+                      for p in ps]
+            return [r.trace for r, _ in spawn_plans(job, ps, iterations=counts,
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 
@@ -166,6 +179,7 @@ def main() -> None:
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
+        per_model[name] = per_model_figures(table, traces)
         measured_all += traces
         tables.append(table)
         # (confirm_choice alternates the two plans itself: one pass is enough)
@@ -193,6 +207,7 @@ def main() -> None:
     summary["host_contention_readings"] = contention
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
+    summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,

@@ -9,6 +9,7 @@ simulator.
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Callable
 from pathlib import Path
@@ -174,6 +175,17 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,
+                   seconds: float) -> int:
+    """Iterations to measure ``plan`` for: at least ``least``, and enough for ``seconds``
+    of the run by its predicted iteration time (a short plan's single iterations are the
+    noisiest: the same seconds of measurement for every plan, not the same count)."""
+    predicted = metrics(simulate(profile, plan, cluster, track_memory=False)).iteration_time_s
+    if not predicted > 0:
+        return least
+    return max(least, math.ceil(seconds / predicted))
+
+
 def in_passes(measure: Measure, passes: int) -> Measure:
     """``measure`` run over the grid ``passes`` times, the order reversed every other pass,
     each plan's runs joined into one Trace (:meth:`pipesim.trace.Trace.joined`: the
@@ -218,6 +230,18 @@ def pass_noise(traces: list[Trace]) -> tuple[float, float] | None:
         return None
     diff = np.abs(100 * (np.array([b / a for a, b in pairs]) - 1))
     return float(np.median(diff)), float(np.max(diff))
+
+
+def per_model_figures(table: pd.DataFrame, traces: list[Trace]) -> dict[str, float]:
+    """One model's grid: median and max |error| (%), and its pass noise (:func:`pass_noise`),
+    the floor under which its error cannot be told from the machine's drift."""
+    err = table["error_pct"].abs()
+    out = {"plans": len(table), "median_abs_error_pct": float(err.median()),
+           "max_abs_error_pct": float(err.max())}
+    noise = pass_noise(traces)
+    if noise is not None:
+        out["pass_noise_median_pct"], out["pass_noise_max_pct"] = noise
+    return out
 
 
 def confirm_choice(table: pd.DataFrame, plans: list[Plan], measure: Measure,

@@ -82,6 +82,22 @@ def test_processes_gradients_equal_unpipelined(tags):
         assert set(result.trace.actions.device) == {0, 1}
 
 
+def test_each_plan_runs_its_own_number_of_iterations():
+    job = functools.partial(builtin_job, "mlp", BATCH, **MLP)
+    plans = [Plan([2, 2], 2, BATCH), Plan([2, 2], 4, BATCH, schedule="1f1b")]
+    runs = spawn_plans(job, plans, iterations=[1, 3], warmup=0, track_memory=False)
+    assert [r.trace.actions.iteration.nunique() for r, _ in runs] == [1, 3]
+    assert [r.trace.meta["iterations"] for r, _ in runs] == [1, 3]
+
+
+@pytest.mark.parametrize("iterations", [[1], [1, 0], 0], ids=["one for two plans", "zero", "0"])
+def test_iterations_must_be_a_count_or_one_per_plan(iterations):
+    plans = [Plan([2, 2], 2, BATCH), Plan([2, 2], 4, BATCH)]
+    with pytest.raises(ValueError, match="iterations"):
+        spawn_plans(functools.partial(builtin_job, "mlp", BATCH, **MLP), plans,
+                    iterations=iterations)
+
+
 @pytest.mark.parametrize("split", [False, True], ids=["full backward", "split backward"])
 def test_recomputation_sees_the_first_forwards_dropout_masks(split):
     def run(mode):
