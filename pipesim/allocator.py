@@ -7,7 +7,8 @@ allocated, plus what the segments' shapes waste.  This module states those shape
 assumptions (:class:`CachingAllocator`, PyTorch's documented defaults) and turns a Trace's
 per-device timeline into reserved bytes::
 
-    reserved = rounded(static) + rounded((dynamic peak + streams x workspace) x (1 + f))
+    reserved  = rounded(static) + rounded((dynamic peak + streams x workspace) x (1 + f))
+    allocated = peak + streams x workspace      (what max_memory_allocated shows)
 
     static      parameters and optimizer state (the memory category "parameters"):
                 allocated once, before the pipeline runs, in segments of their own
@@ -20,6 +21,12 @@ per-device timeline into reserved bytes::
                 allocated peak)
     rounded     up to the 2 MiB a large segment is rounded to
 
+The workspaces are tensors of the allocator too: the first matmul a stream runs takes
+them and they stay for the process's life, so a fresh process's ``max_memory_allocated``
+holds them beside the pipeline's own peak (:meth:`CachingAllocator.allocated`,
+:func:`allocated_peaks`), while a peak measured from a baseline taken after earlier work
+(as ``gpu_validate.py`` frees memory between plans) does not.
+
 It is an estimate for budgets, not a replay of the allocator: the simulator knows a
 layer's saved bytes, not the tensors that make them up, so rounding per request (512
 bytes; small requests in 2 MiB segments, up to 10 MiB in 20 MiB ones) is folded into
@@ -31,7 +38,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from pipesim.trace import Trace
+from pipesim.trace import Trace, metrics
 
 MiB = 2**20
 
@@ -74,6 +81,11 @@ class CachingAllocator:
             return self.medium_segment
         return _round_up(size, self.large_round)
 
+    def allocated(self, peak_bytes: float, streams: int = 1) -> float:
+        """Peak allocated bytes of a fresh process whose tensors peak at ``peak_bytes`` on
+        the device, run by ``streams`` streams: its workspaces included."""
+        return peak_bytes + streams * self.workspace_bytes
+
     def reserved(self, static_bytes: float, dynamic_peak_bytes: float, streams: int = 1) -> int:
         """Reserved bytes of a device whose parameters and optimizer state take
         ``static_bytes`` and whose other tensors peak at ``dynamic_peak_bytes``, run by
@@ -99,11 +111,7 @@ def reserved_peaks(trace: Trace, allocator: CachingAllocator = CUDA_H100,
     by_category = trace.memory_by_category
     if by_category is None or by_category.empty:
         raise ValueError("the trace has no memory per category: simulate with track_memory")
-    if streams is None:
-        counts: dict[str, int] = {}
-        for device in trace.meta.get("devices", {}).values():
-            counts[str(device)] = counts.get(str(device), 0) + 1
-        streams = counts
+    streams = _streams(trace) if streams is None else streams
     static: dict[str, float] = {}
     dynamic: dict[str, float] = {}
     # (the last level of each category at each instant: changes at one instant are one step)
@@ -121,9 +129,27 @@ def reserved_peaks(trace: Trace, allocator: CachingAllocator = CUDA_H100,
             for d in dynamic}
 
 
+def allocated_peaks(trace: Trace, allocator: CachingAllocator = CUDA_H100,
+                    streams: dict[str, int] | None = None) -> dict[str, float]:
+    """Peak allocated bytes per device of a simulated Trace as a fresh process's
+    ``torch.cuda.max_memory_allocated`` shows them: the trace's peak and each stream's
+    workspaces (``streams`` as for :func:`reserved_peaks`)."""
+    streams = _streams(trace) if streams is None else streams
+    peaks = metrics(trace).peak_memory_bytes
+    return {d: allocator.allocated(peak, streams.get(d, 1)) for d, peak in peaks.items()}
+
+
+def _streams(trace: Trace) -> dict[str, int]:
+    """Streams per device: the workers placed on it, one stream each."""
+    counts: dict[str, int] = {}
+    for device in trace.meta.get("devices", {}).values():
+        counts[str(device)] = counts.get(str(device), 0) + 1
+    return counts
+
+
 def _round_up(n: float, to: int) -> int:
     # (a level summed from float deltas may sit a hair above a whole number of units)
     return math.ceil(n / to - 1e-9) * to
 
 
-__all__ = ["CUDA_H100", "CachingAllocator", "MiB", "reserved_peaks"]
+__all__ = ["CUDA_H100", "CachingAllocator", "MiB", "allocated_peaks", "reserved_peaks"]

@@ -180,7 +180,7 @@ def write_outputs(trace, out: Path, prefix: str, title: str) -> dict[str, Path]:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from pipesim.allocator import reserved_peaks
+    from pipesim.allocator import allocated_peaks, reserved_peaks
     from pipesim.simulator import Jitter, simulate
     from pipesim.trace import metrics
 
@@ -195,9 +195,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
           f"optimizer {plan.optimizer} ({plan.optimizer_state_factor:g} bytes of state per "
           "parameter byte)")
     print(f"predicted {m.summary()}")
-    # an accelerator's caching allocator reserves more than the tensors hold: estimated
-    reserved = (reserved_peaks(trace)
-                if any(d.on_accelerator for d in cluster.devices[:plan.n_devices]) else {})
+    # an accelerator's caching allocator reserves more than the tensors hold, and its
+    # math libraries' workspaces are allocated too: estimated
+    accelerated = any(d.on_accelerator for d in cluster.devices[:plan.n_devices])
+    reserved = reserved_peaks(trace) if accelerated else {}
+    allocated = allocated_peaks(trace) if accelerated else {}
     for d in sorted(m.bubble):
         device = cluster.devices[d]
         peak = m.peak_memory_bytes.get(device.resource, float("nan"))
@@ -205,7 +207,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         need = max(peak, held or 0.0)
         over = (f"  DOES NOT FIT: the device holds {format_bytes(device.memory_bytes)}"
                 if need > device.memory_bytes else "")
-        estimate = f"  reserved ~{format_bytes(held)}" if held is not None else ""
+        estimate = (f"  with workspaces ~{format_bytes(allocated[device.resource])},"
+                    f" reserved ~{format_bytes(held)}" if held is not None else "")
         print(f"  device {d}: busy {m.busy_s[d] * 1e3:9.3f} ms  bubble {m.bubble[d]:6.1%}  "
               f"peak {format_bytes(peak):>10}{estimate}{over}")
     paths = write_outputs(trace, Path(args.out), "simulated", f"predicted: {plan.label()}")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipesim.allocator import CUDA_H100, CachingAllocator, MiB, reserved_peaks
+from pipesim.allocator import CUDA_H100, CachingAllocator, MiB, allocated_peaks, reserved_peaks
 from pipesim.cluster import Cluster
 from pipesim.errors import PlanError
 from pipesim.plan import Plan
@@ -50,6 +50,20 @@ def test_reserved_holds_the_peak_allocated_and_equals_it_without_waste(balance, 
     estimate = reserved_peaks(trace, CUDA_H100)
     # two workers' streams on the one GPU, each with its workspaces
     assert estimate["cuda:0"] >= peaks["cuda:0"] + 2 * CUDA_H100.workspace_bytes
+
+
+def test_a_fresh_process_allocates_each_streams_workspaces_beside_the_peak():
+    a = CachingAllocator(workspace_bytes=4 * MiB)
+    assert a.allocated(10 * MiB, streams=2) == 18 * MiB
+    assert EXACT.allocated(10 * MiB, streams=3) == 10 * MiB  # no workspace: the peak
+    # both stages on one GPU: two streams; one stage a GPU: one each
+    for cluster, streams in ((Cluster.shared_gpu(2), {"cuda:0": 2}),
+                             (Cluster.nvlink_gpus(2), {"cuda:0": 1, "cuda:1": 1})):
+        trace = simulate(uniform_profile(4, sizes=(1, 4)), Plan([2, 2], 4, 4), cluster)
+        peaks = metrics(trace).peak_memory_bytes
+        assert allocated_peaks(trace) == pytest.approx(
+            {d: peaks[d] + streams[d] * CUDA_H100.workspace_bytes for d in peaks})
+        assert allocated_peaks(trace, EXACT) == pytest.approx(peaks)
 
 
 def test_reserved_needs_the_memory_per_category():

@@ -168,7 +168,8 @@ def test_on_a_gpu_simulate_and_tune_show_the_estimated_reserved_memory(profile_p
                                                                        capsys):
     assert main(["simulate", str(profile_path), "--balance", "2,2", "--batch-size", "8",
                  "--cluster", "shared-gpu", "--out", str(tmp_path / "s")]) == 0
-    assert "reserved ~" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "reserved ~" in out and "with workspaces ~" in out
     assert main(["tune", str(profile_path), "--batch-size", "8", "--cluster", "shared-gpu",
                  "--out", str(tmp_path / "t")]) == 0
     assert "reserved_MiB" in capsys.readouterr().out
