@@ -275,6 +275,34 @@ def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
     return fwd.elapsed()[0], bwd.elapsed()[0]
 
 
+def _time_whole_repeated(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
+                         target: torch.Tensor, device: torch.device,
+                         runs: int = 3) -> tuple[float, float]:
+    """Seconds of the whole model's forward right after another forward, and of its
+    backward right after another backward (medians over ``runs - 1``): ``runs`` forwards
+    back to back, then their backwards, as a GPipe stage runs its micro-batches.  Against
+    :func:`_time_whole` (a forward after a backward, as in a 1F1B stage's steady state)
+    they say what an action costs when the one before it on the core was the same: its
+    weights and code still in the caches."""
+    outs, fwd = [], []
+    synchronize(device)
+    for _ in range(runs):
+        watch = Stopwatch(device)
+        with watch.region():
+            out = model(x.detach())
+            if loss_fn is not None:
+                out = loss_fn(out, target)
+        fwd.append(watch.elapsed()[0])
+        outs.append(out)
+    bwd = []
+    for out in outs:
+        watch = Stopwatch(device)
+        with watch.region():
+            _backward(out, None if loss_fn is not None else torch.randn_like(out))
+        bwd.append(watch.elapsed()[0])
+    return statistics.median(fwd[1:]), statistics.median(bwd[1:])
+
+
 def _noisy(layer: int, size: int, reps: list[tuple[float, float]]) -> list[dict]:
     """Flags for a layer's repetitions whose spread (inter-quartile range) exceeds half
     their median: a burst of load landed on them."""
@@ -402,12 +430,13 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                     w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
                 if split:
                     w += _time_whole_split(model, x0, loss_fn, target, device)
+                w += _time_whole_repeated(model, x0, loss_fn, target, device)
                 if p >= warmup:
                     samples[b].append(times)
                     whole[b].append(w)
                 bar.update(1)
         keys = ("fwd_s", "bwd_s") + (("ckpt_fwd_s", "ckpt_bwd_s") if checkpointed else ()) + (
-            ("split_s",) if split else ())
+            ("split_s",) if split else ()) + ("fwd_repeat_s", "bwd_repeat_s")
         for b in sizes:
             byte_rows = prepared[b][3]
             whole_model[str(b)] = {k: statistics.median(t[i] for t in whole[b])

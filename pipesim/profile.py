@@ -534,6 +534,31 @@ class Profile:
         values = _at_size(table, micro_batch) if table else [1.0] * len(_SHARE_KINDS)
         return dict(zip(_SHARE_KINDS, values, strict=True))
 
+    def repeat_factor(self, micro_batch: float) -> tuple[float, float] | None:
+        """``(forward, backward)``: what an action costs, as a share of the profiled one,
+        when the action before it on its worker was the same pass of the same stage.
+
+        The profile's seconds are of a forward after a backward and a backward after a
+        forward (a 1F1B stage's steady state); a GPipe stage runs its forwards back to
+        back, its weights and code still in the caches.  Read off the whole model timed
+        both ways (``meta["whole_model"][size]``: ``fwd_repeat_s`` / ``fwd_s``,
+        ``bwd_repeat_s`` / ``bwd_s``), linear between sizes and the nearest outside them;
+        None for a profile that did not measure it.
+        """
+        whole = self.meta.get("whole_model") or {}
+        table = []
+        for size, w in whole.items():
+            if not all(k in w for k in ("fwd_s", "bwd_s", "fwd_repeat_s", "bwd_repeat_s")):
+                return None
+            if w["fwd_s"] <= 0 or w["bwd_s"] <= 0:
+                return None
+            table.append((float(size), [w["fwd_repeat_s"] / w["fwd_s"],
+                                        w["bwd_repeat_s"] / w["bwd_s"]]))
+        if not table:
+            return None
+        forward, backward = _at_size(sorted(table), micro_batch)
+        return forward, backward
+
     def checkpointed_interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
         """``(forward, backward)`` shares of a checkpointed micro-batch's forward (inside
         ``torch.utils.checkpoint``, whose hooks are Python) and backward (recomputing), as
