@@ -52,7 +52,6 @@ from experiments.validation import (
     save_measured_actions,
     summarise,
     without_columns,
-    without_repeats,
 )
 from pipesim.cluster import Cluster
 from pipesim.plan import V_SCHEDULES, Plan
@@ -177,7 +176,6 @@ def main() -> None:
                          cluster, host_contention=sum(sustained[-2:]) / 2)),
                      "model_contention": (prof, dataclasses.replace(cluster,
                                                                     host_contention=own)),
-                     "no_repeat": (without_repeats(prof), model_cluster),
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)

@@ -175,14 +175,6 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-def without_repeats(profile: Profile) -> Profile:
-    """``profile`` without its repeat timings (:meth:`Profile.repeat_factor`): every pass
-    costs the same whatever ran before it (the ablation of that mechanism)."""
-    whole = {size: {k: v for k, v in w.items() if k not in ("fwd_repeat_s", "bwd_repeat_s")}
-             for size, w in (profile.meta.get("whole_model") or {}).items()}
-    return Profile(profile.table, {**profile.meta, "whole_model": whole}, profile.source)
-
-
 def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,
                    seconds: float) -> int:
     """Iterations to measure ``plan`` for: at least ``least``, and enough for ``seconds``

@@ -543,7 +543,9 @@ class Profile:
         back, its weights and code still in the caches.  Read off the whole model timed
         both ways (``meta["whole_model"][size]``: ``fwd_repeat_s`` / ``fwd_s``,
         ``bwd_repeat_s`` / ``bwd_s``), linear between sizes and the nearest outside them;
-        None for a profile that did not measure it.
+        None for a profile that did not measure it.  Measured, not applied: scaling
+        GPipe's repeated forwards by it made the CPU grid worse (MLP 9.3% -> 11.8%
+        median, 2026-11-24): in a pipeline they do not run as cheaply as back to back.
         """
         whole = self.meta.get("whole_model") or {}
         table = []

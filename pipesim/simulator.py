@@ -75,7 +75,6 @@ from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.schedule import (
     BACKWARD,
-    FORWARD,
     WEIGHT_GRAD,
     Schedule,
     build_schedule,
@@ -433,30 +432,21 @@ class Simulator:
         for w in workers:
             grads_seen: set[int] = set()
             program = []
-            previous: tuple[int, str] | None = None
             for s, kind, mb in self.schedule.order[w]:
-                # the same pass of the same stage right before it on this worker: its
-                # weights and code still in the caches (Profile.repeat_factor)
-                repeat = previous == (s, kind) and kind in (FORWARD, BACKWARD)
-                previous = (s, kind)
                 c = costs.cost(s, mb)
                 # the stage's first action that forms weight gradients allocates them
                 first_backward = kind in (BACKWARD, WEIGHT_GRAD) and s not in grads_seen
                 if first_backward:
                     grads_seen.add(s)
-                key = (s, kind, id(c), first_backward, (s, mb) in build.split, repeat)
+                key = (s, kind, id(c), first_backward, (s, mb) in build.split)
                 if self.durations and (s, kind, mb) in self.durations:
                     step = build.with_skips(build.step(w, s, mb, kind, c, first_backward,
                                                        self.durations[(s, kind, mb)]), w, mb)
                 elif key in cache:
                     step = cache[key]
                 else:
-                    step = build.step(w, s, mb, kind, c, first_backward, None)
-                    cheaper = (self.profile.repeat_factor(plan.micro_batch_sizes[mb])
-                               if repeat else None)
-                    if cheaper is not None:
-                        step = step.scaled(cheaper[0] if kind == FORWARD else cheaper[1])
-                    step = cache[key] = build.with_skips(step, w, mb)
+                    step = cache[key] = build.with_skips(
+                        build.step(w, s, mb, kind, c, first_backward, None), w, mb)
                 program.append((mb, step))
             self.programs.append(program)
 

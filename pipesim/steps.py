@@ -57,13 +57,6 @@ class Step(NamedTuple):
     recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
     engine_s: float = 0.0  # of ``seconds``, those autograd's device thread spends issuing it
 
-    def scaled(self, factor: float) -> Step:
-        """The same action taking ``factor`` times its seconds (its held shares alike)."""
-        return self._replace(seconds=self.seconds * factor,
-                             recompute_s=self.recompute_s * factor,
-                             interpreter_s=self.interpreter_s * factor,
-                             engine_s=self.engine_s * factor)
-
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
 #: state, weight gradients, activations kept for backward (and recomputed ones), buffers

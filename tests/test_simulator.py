@@ -906,30 +906,16 @@ def test_the_tuners_pick_is_measured_again_beside_the_fastest_plan():
     assert same["regret_pct"] == 0.0 and same["rounds"] == 0 and len(calls) == 1
 
 
-def _with_repeats(prof: Profile, fwd: float, bwd: float) -> Profile:
-    """``prof`` whose whole model ran a forward after a forward ``fwd`` times as long as
-    after a backward, and a backward after a backward ``bwd`` times (no isolation excess)."""
-    sums = prof.table.groupby("micro_batch")[["fwd_s", "bwd_s"]].sum()
-    whole = {str(int(b)): {"fwd_s": r.fwd_s, "bwd_s": r.bwd_s, "fwd_repeat_s": fwd * r.fwd_s,
-                           "bwd_repeat_s": bwd * r.bwd_s} for b, r in sums.iterrows()}
-    return Profile(prof.table, {**prof.meta, "whole_model": whole}, prof.source)
 
-
-def test_a_pass_right_after_the_same_pass_of_its_stage_costs_the_repeat_share():
+def test_the_repeat_share_is_read_off_the_whole_model_timed_both_ways():
     prof = uniform_profile(2, fwd_s=F, bwd_s=B)
-    cheaper = _with_repeats(prof, 0.5, 0.75)
+    sums = prof.table.groupby("micro_batch")[["fwd_s", "bwd_s"]].sum()
+    whole = {str(int(b)): {"fwd_s": r.fwd_s, "bwd_s": r.bwd_s, "fwd_repeat_s": 0.5 * r.fwd_s,
+                           "bwd_repeat_s": 0.75 * r.bwd_s} for b, r in sums.iterrows()}
+    cheaper = Profile(prof.table, {**prof.meta, "whole_model": whole}, prof.source)
     assert cheaper.repeat_factor(1) == pytest.approx((0.5, 0.75))
-    m = 4
-    gpipe = Plan([1, 1], m, m, checkpoint="never", schedule="gpipe")
-    # GPipe: each stage's forwards back to back, then its backwards: all but the first
-    # of each run cheaper
-    busy = metrics(simulate(cheaper, gpipe)).busy_s
-    for d in range(2):
-        assert busy[d] == pytest.approx(F + (m - 1) * 0.5 * F + B + (m - 1) * 0.75 * B)
-    # 1F1B's last stage alternates forward and backward: nothing repeats
-    one_f_one_b = Plan([1, 1], m, m, checkpoint="never", schedule="1f1b")
-    assert (metrics(simulate(cheaper, one_f_one_b)).busy_s[1]
-            == pytest.approx(metrics(simulate(prof, one_f_one_b)).busy_s[1]))
-    # a profile that did not time repeats costs every pass the same
+    # measured only: the simulator does not apply it (the CPU grid was no better with it)
+    plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="gpipe")
+    assert (metrics(simulate(cheaper, plan)).iteration_time_s
+            == pytest.approx(metrics(simulate(prof, plan)).iteration_time_s))
     assert prof.repeat_factor(1) is None
-    assert metrics(simulate(prof, gpipe)).busy_s[0] == pytest.approx(m * (F + B))
