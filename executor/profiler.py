@@ -342,7 +342,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
             checkpointed: bool = True, split: bool = True, streams: int = 0,
-            interpreter: bool = False, meta: dict | None = None) -> Profile:
+            interpreter: bool = False, repeated: bool = False,
+            meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
     ``sample_batch`` is ``(inputs, targets)`` with at least ``max(micro_batch_sizes)``
@@ -363,7 +364,11 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     share of each pass (forward, backward, and both checkpointed) that holds the
     interpreter and its slowdown there while contended (:func:`measure_interpreter_share`,
     ``meta["interpreter_share"]``, ``meta["interpreter_slowdown"]``): what the simulator
-    needs for stages that are threads of one process.  Returns a :class:`pipesim.Profile`;
+    needs for stages that are threads of one process.  ``repeated`` also times the whole
+    model's forwards back to back and backwards back to back (:func:`_time_whole_repeated`,
+    ``whole_model[size]["fwd_repeat_s"/"bwd_repeat_s"]``, read by
+    :meth:`pipesim.Profile.repeat_factor`; a measurement the simulator does not apply, and
+    half again the profiling time).  Returns a :class:`pipesim.Profile`;
     ``meta`` adds to its metadata.  Sets this process's host allocator policy
     (:func:`executor.host_allocator.retain_freed_memory`), as the pipelines do.
     """
@@ -430,13 +435,14 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                     w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
                 if split:
                     w += _time_whole_split(model, x0, loss_fn, target, device)
-                w += _time_whole_repeated(model, x0, loss_fn, target, device)
+                if repeated:
+                    w += _time_whole_repeated(model, x0, loss_fn, target, device)
                 if p >= warmup:
                     samples[b].append(times)
                     whole[b].append(w)
                 bar.update(1)
         keys = ("fwd_s", "bwd_s") + (("ckpt_fwd_s", "ckpt_bwd_s") if checkpointed else ()) + (
-            ("split_s",) if split else ()) + ("fwd_repeat_s", "bwd_repeat_s")
+            ("split_s",) if split else ()) + (("fwd_repeat_s", "bwd_repeat_s") if repeated else ())
         for b in sizes:
             byte_rows = prepared[b][3]
             whole_model[str(b)] = {k: statistics.median(t[i] for t in whole[b])

@@ -110,10 +110,9 @@ def main() -> None:
                 # a fresh process: the tensors' peak and each worker stream's cuBLAS
                 # workspaces, which the allocator holds from the first matmul on
                 preds[name] = max(allocated_peaks(trace, CUDA_H100).values()) + batch_bytes
-                preds[f"{name}_tensors"] = (max(metrics(trace).peak_memory_bytes.values())
-                                            + batch_bytes)
+                if name == "with_transients":
+                    tensors = max(metrics(trace).peak_memory_bytes.values()) + batch_bytes
             today = measured_today(dtype, plan)
-            tensors = preds["with_transients_tensors"]
             rows.append({"dtype": dtype, "plan": r["plan"], "measured_bytes": measured,
                          "predicted_bytes": preds["with_transients"],
                          "error_pct": 100 * (preds["with_transients"] / measured - 1),

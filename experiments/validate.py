@@ -147,10 +147,13 @@ def main() -> None:
                      schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
 
-        def measure_once(ps, job=job, prof=before):
-            counts = [iterations_for(prof, p, cluster, args.iterations, args.min_seconds)
-                      for p in ps]
-            return [r.trace for r, _ in spawn_plans(job, ps, iterations=counts,
+        # (from the predicted iteration time: once per plan, for every pass)
+        counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
+                                            args.min_seconds) for p in plans}
+
+        def measure_once(ps, job=job, counts=counts):
+            return [r.trace for r, _ in spawn_plans(job, ps, iterations=[counts[p.label()]
+                                                                         for p in ps],
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 

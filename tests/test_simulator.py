@@ -906,7 +906,6 @@ def test_the_tuners_pick_is_measured_again_beside_the_fastest_plan():
     assert same["regret_pct"] == 0.0 and same["rounds"] == 0 and len(calls) == 1
 
 
-
 def test_the_repeat_share_is_read_off_the_whole_model_timed_both_ways():
     prof = uniform_profile(2, fwd_s=F, bwd_s=B)
     sums = prof.table.groupby("micro_batch")[["fwd_s", "bwd_s"]].sum()
