@@ -112,13 +112,15 @@ def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20) -> tuple[Lin
     return Link(float(latency), float(bandwidth)), one_way
 
 
-def unexplained_gaps(actions, latency_s: float = 0.0) -> list[float]:
-    """Seconds each compute action started later than it could have.
+def unexplained_gaps(actions, latency_s: float = 0.0) -> list[tuple[float, bool]]:
+    """``(seconds, blocked)`` for each compute action: how much later it started than it
+    could have, and whether its worker was blocked on its input by then.
 
     An action could start at ``max(end of the previous action on its device, arrival of
     its input)``; arrival is the producing action's end plus ``latency_s``.  What is left
-    is the executor's own time between actions (posting sends, waking up, bookkeeping) and
-    the operating system's preemptions.
+    is the executor's own time between actions (posting sends, bookkeeping), the
+    operating system's preemptions and, where the input came after the previous action
+    ended (``blocked``), the time to wake the thread that waited for it.
     """
     out = []
     for _, it in actions[actions.kind.isin(["F", "B"])].groupby("iteration"):
@@ -127,27 +129,35 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[float]:
         for _, part in it.groupby("device"):
             prev = None
             for r in part.sort_values("start").itertuples():
-                ready = [] if prev is None else [prev]
+                arrival = None
                 if r.kind == "F" and r.stage > 0:
-                    ready.append(end[(r.stage - 1, "F", r.microbatch)] + latency_s)
+                    arrival = end[(r.stage - 1, "F", r.microbatch)] + latency_s
                 if r.kind == "B" and r.stage < n - 1:
-                    ready.append(end[(r.stage + 1, "B", r.microbatch)] + latency_s)
+                    arrival = end[(r.stage + 1, "B", r.microbatch)] + latency_s
+                ready = [t for t in (prev, arrival) if t is not None]
                 if ready:
-                    out.append(max(0.0, r.start - max(ready)))
+                    blocked = arrival is not None and (prev is None or arrival > prev)
+                    out.append((max(0.0, r.start - max(ready)), blocked))
                 prev = r.end
     return out
 
 
-def measure_overhead(iterations: int = 12, latency_s: float = 0.0) -> dict[str, float]:
+def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
     """Per-action executor overhead (seconds), from a calibration pipeline on 2 ranks.
 
     The calibration model is a small MLP with actions of about a millisecond, unrelated to
     the plans being validated.  In-action overhead: measured action seconds over the
     profiled seconds of the same layers (median).  Between actions: the *mean* unexplained
-    wait (:func:`unexplained_gaps`).  On a loaded 2-core machine it is several times the
-    median, because rare preemptions of milliseconds land between actions; they are real
-    time lost, and with the median even replaying a run's own durations fell 17% short
-    (experiments/validate.py), with the mean within 7%.  The median is reported too.
+    wait (:func:`unexplained_gaps`), apart for actions whose input was there when their
+    worker reached them (``between_actions_s``, the cluster's ``action_gap_s``) and for
+    those whose worker blocked on the input first (``wakeup_s``, ``wakeup_gap_s``).  On a
+    loaded 2-core machine the mean is several times the median, because rare preemptions
+    of milliseconds land between actions; they are real time lost, and with the median
+    even replaying a run's own durations fell 17% short (experiments/validate.py), with
+    the mean within 7%.  And a woken thread waits longest: 0.56-1.15 ms mean against
+    0.20-0.43 ms (medians 0.08-0.11 ms both; 2026-11-24, six runs of this pipeline), so
+    one mean for both over-charged plans whose inputs queue up (GPipe's later stages) and
+    under-charged those that wait at every step.  The median of all is reported too.
     """
     from executor.distributed import spawn
     from executor.profiler import profile
@@ -171,25 +181,36 @@ def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
                               size)
         excess.append((r.end - r.start) - (cost.fwd_s if r.kind == "F" else cost.bwd_s))
     gaps = unexplained_gaps(actions, latency_s)
+    every = [g for g, _ in gaps]
+    ready = [g for g, blocked in gaps if not blocked] or every
+    woken = [g for g, blocked in gaps if blocked] or every
     return {"in_action_s": max(statistics.median(excess), 0.0),
-            "between_actions_s": float(np.mean(gaps)) if gaps else 0.0,
-            "between_actions_median_s": float(np.median(gaps)) if gaps else 0.0}
+            "between_actions_all_s": float(np.mean(every)) if every else 0.0,
+            "between_actions_s": float(np.mean(ready)) if ready else 0.0,
+            "wakeup_s": float(np.mean(woken)) if woken else 0.0,
+            "between_actions_median_s": float(np.median(every)) if every else 0.0}
 
 
 def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
-                  name: str = "calibrated_cpu_processes") -> Cluster:
+                  name: str = "calibrated_cpu_processes",
+                  overheads: dict[str, float] | None = None) -> Cluster:
     """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s).
 
     The host runs ``cores // threads_per_rank`` ranks' compute at once (``host_cores``);
     the contention between ranks is measured with no more ranks than that, so that it
     says what sharing memory, caches and communication threads costs, and the time
     slicing of more ranks than cores is the host law's (:func:`pipesim.contention.host_law`).
+    ``overheads``, if given, receives :func:`measure_overhead`'s figures (the gaps'
+    medians and their mean over all actions beside what the cluster keeps).
     """
     link, _ = measure_link()
     over = measure_overhead(latency_s=link.latency_s)
+    if overheads is not None:
+        overheads.update(over)
     slots = _slots(threads_per_rank)
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
+                   wakeup_gap_s=over["wakeup_s"],
                    host_contention=host_contention(n_devices, threads_per_rank), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted
                    # ahead, and a send written from the sender's own thread

@@ -122,6 +122,7 @@ def main() -> None:
         cluster = Cluster.shared_gpu(n_stages)
         cluster.compute_overhead_s = over["in_action_s"]
         cluster.action_gap_s = over["between_actions_s"]
+        cluster.wakeup_gap_s = over["wakeup_s"]
         cluster.save(out / f"calibration_{n_stages}stages.json")
         print(f"{n_stages} stages: overhead {over}", flush=True)
         for dtype in args.dtypes.split(","):

@@ -104,12 +104,14 @@ def main() -> None:
         repredict(results, tag)
         return
     print("calibrating ...", flush=True)
-    cluster = calibrate_cpu(args.stages)
+    overheads: dict[str, float] = {}
+    cluster = calibrate_cpu(args.stages, overheads=overheads)
     cluster.save(results / f"calibration_{tag}.json")
     print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
-          f"{cluster.compute_overhead_s * 1e6:.0f} us in and {cluster.action_gap_s * 1e6:.0f} us "
-          "between actions", flush=True)
+          f"{cluster.compute_overhead_s * 1e6:.0f} us in, {cluster.action_gap_s * 1e6:.0f} us "
+          f"between actions, {overheads['wakeup_s'] * 1e6:.0f} us from a blocked input's "
+          "arrival", flush=True)
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
@@ -179,6 +181,10 @@ def main() -> None:
                          cluster, host_contention=sum(sustained[-2:]) / 2)),
                      "model_contention": (prof, dataclasses.replace(cluster,
                                                                     host_contention=own)),
+                     # one gap for every action, the mean over all (before 2026-11-24)
+                     "one_gap": (prof, dataclasses.replace(
+                         model_cluster, action_gap_s=overheads["between_actions_all_s"],
+                         wakeup_gap_s=None)),
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
@@ -208,6 +214,7 @@ def main() -> None:
     summary["passes"] = args.passes
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
+    summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
     summary["per_model"] = per_model  # each model's error beside its own pass noise

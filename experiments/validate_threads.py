@@ -58,7 +58,8 @@ def main() -> None:
     # overheads hold some of the interpreter's turns too, a little counted twice)
     cluster = Cluster([Device(f"t{i}", physical=f"core{i}", process="main") for i in range(2)],
                       compute_overhead_s=over["in_action_s"],
-                      action_gap_s=over["between_actions_s"], name="cpu_threads")
+                      action_gap_s=over["between_actions_s"], wakeup_gap_s=over["wakeup_s"],
+                      name="cpu_threads")
     apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
                                                   for d in cluster.devices])
     print(f"overheads {over}", flush=True)

@@ -84,9 +84,19 @@ class Cluster:
     links: dict[tuple[int, int], Link] = field(default_factory=dict)
     compute_overhead_s: float = 0.0
     transfer_overhead_s: float = 0.0
-    #: executor time between actions on a worker (posting sends, waking up): an action
-    #: starts ``action_gap_s`` after both its worker and its input are ready; idle time
+    #: executor time between actions on a worker (posting sends, bookkeeping): an action
+    #: whose input is there when its worker reaches it starts ``action_gap_s`` after;
+    #: idle time
     action_gap_s: float = 0.0
+    #: an action whose worker reached it first and blocked on its input starts
+    #: ``wakeup_gap_s`` after the input arrives: the blocked thread must be woken and
+    #: scheduled, on a loaded host several times the gap between actions::
+    #:
+    #:     input there      prev |==|.gap.|== F ==|
+    #:     input late       prev |==|  ...blocked... ^arrival .wakeup.|== F ==|
+    #:
+    #: None: ``action_gap_s`` for both (cluster files from before 2026-11-24)
+    wakeup_gap_s: float | None = None
     #: processor sharing between workers of one host (CPU processes competing for memory
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
@@ -125,6 +135,7 @@ class Cluster:
         for what, v in (("compute_overhead_s", self.compute_overhead_s),
                         ("transfer_overhead_s", self.transfer_overhead_s),
                         ("action_gap_s", self.action_gap_s),
+                        ("wakeup_gap_s", self.wakeup_gap_s or 0.0),
                         ("host_contention", self.host_contention),
                         ("host_cores", self.host_cores),
                         ("link latency_s", self.link.latency_s)):
@@ -205,6 +216,8 @@ class Cluster:
                        compute_overhead_s=float(d.get("compute_overhead_s", 0.0)),
                        transfer_overhead_s=float(d.get("transfer_overhead_s", 0.0)),
                        action_gap_s=float(d.get("action_gap_s", 0.0)),
+                       wakeup_gap_s=(None if d.get("wakeup_gap_s") is None
+                                     else float(d["wakeup_gap_s"])),
                        host_contention=float(d.get("host_contention", 0.0)),
                        host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),

@@ -16,7 +16,8 @@ moves to its next action only once its bytes are written::
 
 Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
 per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
-the cluster's ``action_gap_s`` after its worker and its input are both ready.  Optional jitter
+the cluster's ``action_gap_s`` after its worker reaches it if its input is there, else
+``wakeup_gap_s`` after the input arrives (a blocked thread woken).  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
@@ -215,6 +216,7 @@ class _Run:
         name = f"dev{w}"
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
+        wakeup = gap if sim.cluster.wakeup_gap_s is None else sim.cluster.wakeup_gap_s
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
@@ -223,16 +225,20 @@ class _Run:
             if ahead and step.recv_bytes:
                 # its receive was posted as the worker moved to the step before this one
                 deltas.append((device, previous, step.recv_bytes, RECEIVED))
+            blocked = False  # whether the worker reached the step before its input
             for base in step.waits:
                 index = base + 2 * mb
                 slot = slots[index]
                 if slot is None:
                     slot = slots[index] = env.event()
                     yield slot
+                    blocked = True
                 elif slot.__class__ is float and slot > env.now:
                     yield timeout(slot - env.now)
-            if gap:
-                yield timeout(gap)
+                    blocked = True
+            pause = wakeup if blocked else gap
+            if pause:
+                yield timeout(pause)
             if resource is not None:
                 req = resource.request()
                 yield req

@@ -6,6 +6,7 @@ import functools
 import os
 import time
 
+import pandas as pd
 import pytest
 import torch
 from torch import nn
@@ -538,6 +539,23 @@ def test_measured_memory_is_sorted_into_categories(schedule):
         assert {mb for _, mb, kind, _, _ in ran if kind == "F"} == set(range(4))
         times = trace.memory[trace.memory.device == f"dev{w}"].time
         assert all(0.0 <= start < end <= times.max() + 1e-3 for *_, start, end in ran)
+
+
+def test_calibration_tells_gaps_of_a_woken_worker_from_gaps_between_ready_actions():
+    from executor.calibrate import unexplained_gaps
+
+    # 2 stages, one micro-batch: F(0) [0, 1]; F(1) waits for it and starts 0.5 s after it
+    # arrives; B(1) starts 0.2 s after F(1) (its own input); B(0) waits for B(1)'s gradient
+    actions = pd.DataFrame(
+        [(0, 0, 0, 0, "F", 0.0, 1.0), (0, 1, 1, 0, "F", 1.5, 2.5),
+         (0, 1, 1, 0, "B", 2.7, 4.0), (0, 0, 0, 0, "B", 4.6, 6.0)],
+        columns=["iteration", "device", "stage", "microbatch", "kind", "start", "end"])
+    gaps = sorted(unexplained_gaps(actions))
+    assert [blocked for _, blocked in gaps] == [False, True, True]
+    assert [g for g, _ in gaps] == pytest.approx([0.2, 0.5, 0.6])
+    # a latency is the message's own time, not the worker's
+    assert [g for g, _ in sorted(unexplained_gaps(actions, latency_s=0.1))] == pytest.approx(
+        [0.2, 0.4, 0.5])
 
 
 def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():

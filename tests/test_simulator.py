@@ -245,6 +245,38 @@ def test_action_gap_delays_starts_without_counting_as_busy():
     assert gap.iteration_time_s == pytest.approx(plain.iteration_time_s + 0.5 * (2 * (4 + 2 - 1) - 1))
 
 
+def test_a_worker_blocked_on_its_input_starts_the_wakeup_gap_after_it_arrives():
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s a sample and layer
+    plan = Plan([1, 1], 1, 1, checkpoint="never")
+    gap, wakeup = 0.1, 0.3
+    trace = simulate(prof, plan, Cluster([Device("a"), Device("b")], action_gap_s=gap,
+                                         wakeup_gap_s=wakeup))
+    a = trace.actions.set_index(["stage", "kind"])
+    # worker 0 reaches F(0) with its input there; worker 1 waits for F(0)'s output and is
+    # woken; B(1) follows F(1) on its worker; worker 0 waits for B(1)'s gradient
+    assert a.loc[(0, "F"), "start"] == pytest.approx(a.start.min())
+    assert a.loc[(1, "F"), "start"] == pytest.approx(a.loc[(0, "F"), "end"] + wakeup)
+    assert a.loc[(1, "B"), "start"] == pytest.approx(a.loc[(1, "F"), "end"] + gap)
+    assert a.loc[(0, "B"), "start"] == pytest.approx(a.loc[(1, "B"), "end"] + wakeup)
+    # no wake-up gap given: the gap between actions for both (clusters saved before it)
+    one = simulate(prof, plan, Cluster([Device("a"), Device("b")], action_gap_s=gap))
+    same = simulate(prof, plan, Cluster([Device("a"), Device("b")], action_gap_s=gap,
+                                        wakeup_gap_s=gap))
+    assert np.allclose(one.actions.end, same.actions.end)
+
+
+def test_wakeup_gap_is_validated_and_round_trips(tmp_path):
+    from pipesim.errors import ClusterError
+
+    with pytest.raises(ClusterError, match="wakeup_gap_s"):
+        Cluster([Device("a")], wakeup_gap_s=-1e-3)
+    c = Cluster([Device("a"), Device("b")], action_gap_s=1e-4, wakeup_gap_s=6e-4)
+    assert Cluster.load(c.save(tmp_path / "c.json")).wakeup_gap_s == 6e-4
+    old = c.to_dict()
+    del old["wakeup_gap_s"]  # a file written before the wake-up gap existed
+    assert Cluster.from_dict(old).wakeup_gap_s is None
+
+
 def test_host_contention_shares_the_processor_only_while_actions_overlap():
     prof = uniform_profile(2)  # F = 1 s per sample and layer
     plan = Plan([1, 1], 2, 2, checkpoint="never")
