@@ -46,6 +46,7 @@ from experiments.validation import (
     noise_floor,
     pass_noise,
     per_model_figures,
+    predict_saved,
     predicted_against,
     profile_drift,
     replay_error,
@@ -53,12 +54,8 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import Cluster
-from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
-from pipesim.simulator import simulate
-from pipesim.trace import metrics
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -238,24 +235,7 @@ def main() -> None:
 
 def repredict(results: Path, tag: str) -> None:
     """Predict the measured grid ``validation_TAG.csv`` again with today's model."""
-    table = pd.read_csv(results / f"validation_{tag}.csv")
-    cluster = Cluster.load(results / f"calibration_{tag}.json")
-    profiles = {m: Profile.load(results / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
-    # a run that measured the host contention around each model's grid predicted each
-    # model with the mean of the readings before and after it (in the grid's model order)
-    summary = json.loads((results / f"validation_{tag}.json").read_text()).get("summary", {})
-    readings = summary.get("host_contention_readings")
-    clusters = {m: (dataclasses.replace(cluster, host_contention=(readings[i] + readings[i + 1]) / 2)
-                    if readings and len(readings) > i + 1 else cluster)
-                for i, m in enumerate(table.model.unique())}
-    after = []
-    for r in table.itertuples():
-        plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), BATCH,
-                    checkpoint=r.checkpoint, schedule=r.schedule,
-                    virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
-        after.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
-                                            track_memory=False)).iteration_time_s)
-    table["predicted_ms_now"] = after
+    table = predict_saved(results, tag)
     for label, col in (("as saved", "predicted_ms"), ("today's model", "predicted_ms_now")):
         err = (100 * (table[col] / table.measured_ms - 1)).abs()
         print(f"{label:14s}: median |error| {err.median():5.1f}%, max {err.max():5.1f}%")

@@ -9,6 +9,7 @@ simulator.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import statistics
 from collections.abc import Callable
@@ -173,6 +174,31 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
         out[f"ablation_{col[len('predicted_ms_'):]}"] = {
             "median_abs_error_pct": float(err.median()), "max_abs_error_pct": float(err.max())}
     return out
+
+
+def predict_saved(folder: Path, tag: str = "cpu") -> pd.DataFrame:
+    """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
+    predicted again by today's model from the run's own saved profiles
+    (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
+    readings (``validation_TAG.json``: each model with the mean of the readings before and
+    after its grid, in the grid's model order, as the run predicted it)."""
+    table = pd.read_csv(folder / f"validation_{tag}.csv")
+    cluster = Cluster.load(folder / f"calibration_{tag}.json")
+    profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
+    meta = json.loads((folder / f"validation_{tag}.json").read_text())
+    readings = meta.get("summary", {}).get("host_contention_readings")
+    clusters = {m: (dataclasses.replace(cluster, host_contention=(readings[i] + readings[i + 1]) / 2)
+                    if readings and len(readings) > i + 1 else cluster)
+                for i, m in enumerate(table.model.unique())}
+    batch = int(meta.get("batch", 32))
+    now = []
+    for r in table.itertuples():
+        plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), batch,
+                    checkpoint=r.checkpoint, schedule=r.schedule,
+                    virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
+        now.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
+                                          track_memory=False)).iteration_time_s)
+    return table.assign(predicted_ms_now=now)
 
 
 def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,

@@ -950,3 +950,31 @@ def test_the_repeat_share_is_read_off_the_whole_model_timed_both_ways():
     assert (metrics(simulate(cheaper, plan)).iteration_time_s
             == pytest.approx(metrics(simulate(prof, plan)).iteration_time_s))
     assert prof.repeat_factor(1) is None
+
+
+def test_runs_pooled_keep_each_plans_bias_and_lose_the_drift_between_runs():
+    import pandas as pd
+
+    from experiments.grid_history import KEY, figures, pooled, prediction_columns
+
+    plan = {"model": "m", "balance": "1,1", "checkpoint": "never", "schedule": "gpipe"}
+    rows = []
+    # plan m=1: 10% over, 10% under, on time -> no bias; plan m=2 20% over in every run
+    for run, drift in (("r1", 1.1), ("r2", 1 / 1.1), ("r3", 1.0)):
+        rows.append({**plan, "chunks": 1, "run": run, "measured_ms": 10.0,
+                     "predicted_ms": 10.0 * drift, "predicted_ms_x": 10.0})
+        rows.append({**plan, "chunks": 2, "run": run, "measured_ms": 5.0 * drift,
+                     "predicted_ms": 6.0 * drift, "predicted_ms_x": float("nan")})
+    runs = pd.DataFrame(rows)
+    assert prediction_columns(runs) == ["predicted_ms"]  # a column some run lacks is left out
+    plans = pooled(runs, "predicted_ms").set_index("chunks")
+    assert plans.loc[1, "pooled_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert plans.loc[2, "pooled_error_pct"] == pytest.approx(20.0)
+    assert plans.loc[2, "scatter_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert plans.loc[1, "scatter_pct"] > 9  # the drift, seen as scatter
+    assert set(KEY) <= set(plans.reset_index().columns)
+    f = figures(runs, plans.reset_index(), "predicted_ms")
+    assert f["runs"] == 3 and f["pooled_max_abs_error_pct"] == pytest.approx(20.0)
+    # every run predicts m=2 the faster, and the pooled measurement agrees: no regret
+    assert f["regret"]["m"] == {"median_pct": 0.0, "max_pct": 0.0}
+    assert f["per_run"]["r3"]["median_abs_error_pct"] == pytest.approx(10.0)

@@ -1,0 +1,180 @@
+"""The CPU grid's runs pooled: each plan's error over several runs, apart from the scatter.
+
+One run of ``validate.py`` measures each plan within minutes on a shared VM whose speed
+drifts by 10-20% over minutes: its errors mix the model's own bias with that drift (the
+same plan's two passes differ by 6-15% median).  The drift changes from run to run; the
+bias does not.  Pooled over R runs, a plan's *median* error over them keeps the bias and
+loses most of the drift::
+
+    plan            run 1   run 2   run 3   run 4    pooled (median)   scatter (sd)
+    mlp 1f1b m=16   +24%    +9%     +31%    +22%     +23%: the model   9%: the machine
+    gpt gpipe m=4    -8%    +6%      -1%     +2%      +1%              6%
+
+Each run is a results folder as ``validate.py`` leaves it (``validation_cpu.csv/.json``,
+``calibration_cpu.json``, ``profile_cpu_MODEL.csv``); ``--git N`` takes the last N runs
+committed to ``experiments/results/`` from this repository's history, ``--runs`` folders.
+Every prediction column the runs share is pooled (the default model as it ran, its
+ablations); ``--repredict`` adds today's model (``predicted_ms_now``), each run predicted
+again from its own profiles and calibration.  Figures: per column, the pooled median and
+max |error| (per model too), each run's own, the run-to-run scatter, and Spearman and the
+regret of each run's choice judged by the pooled times (median over runs).
+
+    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict]
+Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
+import pandas as pd
+
+from experiments.common import RESULTS, write_results
+from experiments.validation import predict_saved
+
+ROOT = Path(__file__).resolve().parents[1]
+#: a plan's identity in the grid
+KEY = ["model", "balance", "chunks", "checkpoint", "schedule"]
+#: what one run leaves in its results folder (the prediction's inputs beside the table)
+RUN_FILES = ("validation_{tag}.csv", "validation_{tag}.json", "calibration_{tag}.json")
+
+
+def committed_runs(count: int, into: Path, tag: str = "cpu") -> list[Path]:
+    """The last ``count`` runs committed to ``experiments/results/`` (the commits that
+    changed ``validation_TAG.csv``), each copied out of git into a folder of ``into``."""
+    rel = f"experiments/results/validation_{tag}.csv"
+    commits = subprocess.run(["git", "-C", str(ROOT), "log", f"-{count}", "--format=%h", "--",
+                              rel], check=True, capture_output=True, text=True).stdout.split()
+    folders = []
+    for commit in commits:
+        folder = into / commit
+        folder.mkdir(parents=True)
+        names = [n.format(tag=tag) for n in RUN_FILES]
+        for name in names:
+            (folder / name).write_bytes(_git_show(commit, f"experiments/results/{name}"))
+        models = pd.read_csv(folder / names[0]).model.unique()
+        for name in (f"profile_{tag}_{m}.{ext}" for m in models for ext in ("csv", "json")):
+            (folder / name).write_bytes(_git_show(commit, f"experiments/results/{name}"))
+        folders.append(folder)
+    return folders
+
+
+def _git_show(commit: str, path: str) -> bytes:
+    done = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
+                          capture_output=True)
+    if done.returncode != 0:
+        raise FileNotFoundError(f"{path} at commit {commit}: {done.stderr.decode().strip()}")
+    return done.stdout
+
+
+def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False) -> pd.DataFrame:
+    """One row per run and plan: measured_ms and every prediction column, ``run`` naming
+    the folder (and ``predicted_ms_now`` with ``repredict``)."""
+    tables = []
+    for folder in folders:
+        table = (predict_saved(folder, tag) if repredict
+                 else pd.read_csv(folder / f"validation_{tag}.csv"))
+        tables.append(table.assign(run=folder.name))
+    return pd.concat(tables, ignore_index=True)
+
+
+def prediction_columns(runs: pd.DataFrame) -> list[str]:
+    """``predicted_ms`` and every ``predicted_ms_*`` column that no run lacks."""
+    cols = [c for c in runs.columns if c == "predicted_ms" or c.startswith("predicted_ms_")]
+    return [c for c in cols if runs[c].notna().all()]
+
+
+def pooled(runs: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Per plan: the median over runs of ``column``'s error (%, from the log ratio, so a
+    run 10% over and one 10% under pool to 0), its scatter (sd of the log ratio over runs,
+    %), the runs, and the median measured and predicted times (ms)."""
+    log_ratio = np.log(runs[column] / runs.measured_ms)
+    per_plan = runs.assign(log_ratio=log_ratio).groupby(KEY).agg(
+        log_median=("log_ratio", "median"), log_sd=("log_ratio", "std"),
+        runs=("run", "nunique"), measured_ms=("measured_ms", "median"),
+        predicted_ms=(column, "median"))
+    per_plan["pooled_error_pct"] = 100 * np.expm1(per_plan.pop("log_median"))
+    per_plan["scatter_pct"] = 100 * per_plan.pop("log_sd")
+    return per_plan.reset_index().assign(column=column)
+
+
+def figures(runs: pd.DataFrame, plans: pd.DataFrame, column: str) -> dict:
+    """The figures of merit of one prediction column, pooled and per run."""
+    err = plans.pooled_error_pct.abs()
+    out: dict = {"plans": len(plans), "runs": int(runs.run.nunique()),
+                 "pooled_median_abs_error_pct": float(err.median()),
+                 "pooled_max_abs_error_pct": float(err.max()),
+                 "scatter_median_pct": float(plans.scatter_pct.median()),
+                 "spearman_throughput": float((-plans.predicted_ms).rank().corr(
+                     (-plans.measured_ms).rank()))}
+    out["per_model"] = {m: {"median_abs_error_pct": float(p.pooled_error_pct.abs().median()),
+                            "max_abs_error_pct": float(p.pooled_error_pct.abs().max())}
+                        for m, p in plans.groupby("model")}
+    # regret: each run's choice (its fastest predicted plan) judged by the pooled
+    # measurement, against the pooled fastest; the median over runs and the worst run
+    measured = plans.set_index(KEY).measured_ms
+    regrets: dict[str, dict[str, float]] = {}
+    for m, part in runs.groupby("model"):
+        best = measured.loc[m].min()
+        per_run = [100 * (measured.loc[tuple(r.loc[r[column].idxmin(), KEY])] / best - 1)
+                   for _, r in part.groupby("run")]
+        regrets[m] = {"median_pct": float(np.median(per_run)), "max_pct": float(np.max(per_run))}
+    out["regret"] = regrets
+    run_err = 100 * (runs[column] / runs.measured_ms - 1)
+    out["per_run"] = {r: {"median_abs_error_pct": float(e.abs().median()),
+                          "max_abs_error_pct": float(e.abs().max())}
+                      for r, e in run_err.groupby(runs.run)}
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--git", type=int, default=4, help="the last N committed runs (0: none)")
+    ap.add_argument("--runs", nargs="*", type=Path, default=[], help="results folders")
+    ap.add_argument("--tag", default="cpu", help="the runs' tag (validation_TAG.csv)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="also today's model, each run predicted again from its own inputs")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        folders = list(args.runs) + committed_runs(args.git, Path(tmp), args.tag)
+        if not folders:
+            ap.error("no runs: give --git N or --runs")
+        runs = load_runs(folders, args.tag, args.repredict)
+    counts = runs.groupby(KEY).run.nunique()
+    common = counts[counts == len(folders)].index  # plans every run measured
+    runs = runs.set_index(KEY).loc[common].reset_index()
+    tables, summary = [], {}
+    for column in prediction_columns(runs):
+        plans = pooled(runs, column)
+        tables.append(plans)
+        summary[column] = figures(runs, plans, column)
+        f = summary[column]
+        print(f"{column:34s} pooled over {f['runs']} runs: median |error| "
+              f"{f['pooled_median_abs_error_pct']:5.2f}%, max {f['pooled_max_abs_error_pct']:5.1f}% "
+              f"(scatter {f['scatter_median_pct']:.1f}%); per run median "
+              + ", ".join(f"{r['median_abs_error_pct']:.1f}" for r in f["per_run"].values()))
+    table = pd.concat(tables, ignore_index=True)
+    main_col = "predicted_ms_now" if args.repredict else "predicted_ms"
+    worst = table[table.column == main_col].sort_values("pooled_error_pct", key=abs).tail(6)
+    with pd.option_context("display.width", 160):
+        print(worst.drop(columns="column").round(2).to_string(index=False))
+    f = summary[main_col]
+    for m, r in f["per_model"].items():
+        regret = f["regret"][m]
+        print(f"{main_col} {m}: pooled median |error| {r['median_abs_error_pct']:.2f}%, max "
+              f"{r['max_abs_error_pct']:.1f}%; regret of each run's choice "
+              f"{regret['median_pct']:.1f}% median, {regret['max_pct']:.1f}% worst")
+    print(f"{main_col}: Spearman (pooled times) {f['spearman_throughput']:.3f}")
+    write_results("grid_history", table, {"runs": [str(f) for f in folders], "summary": summary})
+    print(f"wrote {RESULTS / 'grid_history.csv'}")
+
+
+if __name__ == "__main__":
+    main()
