@@ -145,18 +145,27 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[tuple[float, bool]
 def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
     """Per-action executor overhead (seconds), from a calibration pipeline on 2 ranks.
 
-    The calibration model is a small MLP with actions of about a millisecond, unrelated to
-    the plans being validated.  In-action overhead: measured action seconds over the
-    profiled seconds of the same layers (median).  Between actions: the *mean* unexplained
-    wait (:func:`unexplained_gaps`), apart for actions whose input was there when their
-    worker reached them (``between_actions_s``, the cluster's ``action_gap_s``) and for
-    those whose worker blocked on the input first (``wakeup_s``, ``wakeup_gap_s``).  On a
-    loaded 2-core machine the mean is several times the median, because rare preemptions
-    of milliseconds land between actions; they are real time lost, and with the median
-    even replaying a run's own durations fell 17% short (experiments/validate.py), with
-    the mean within 7%.  And a woken thread waits longest: 0.56-1.15 ms mean against
-    0.20-0.43 ms (medians 0.08-0.11 ms both; 2026-11-24, six runs of this pipeline), so
-    one mean for both over-charged plans whose inputs queue up (GPipe's later stages) and
+    The calibration model is a small MLP (width 512, micro-batches of 8) whose actions take
+    0.5-0.7 ms on this project's VM, the order of a pipeline's, unrelated to the plans
+    being validated.  In-action overhead: measured action seconds over the profiled
+    seconds of the same layers (median).  Between actions: the *mean* unexplained wait
+    (:func:`unexplained_gaps`), apart for actions whose input was there when their worker
+    reached them (``between_actions_s``, the cluster's ``action_gap_s``) and for those
+    whose worker blocked on the input first (``wakeup_s``, ``wakeup_gap_s``).
+
+    On a loaded 2-core machine the mean is several times the median, because rare
+    preemptions of milliseconds land between actions; they are real time lost, and with
+    the median even replaying a run's own durations fell 17% short (experiments/validate.py),
+    with the mean within 7%.  A woken thread waits longest, and the longer the shorter
+    the wait before (2026-11-24, three runs each, medians 0.1-0.3 ms throughout):
+
+        actions of    woken (mean)    input there (mean)
+        0.2-0.3 ms    0.79-0.89 ms    0.32-0.36 ms     (this pipeline until 2026-11-24:
+        0.5-0.7 ms    0.42-0.62 ms    0.21-0.35 ms      width 256, micro-batches of 4)
+        2.5-2.8 ms    0.47-0.58 ms    0.35-0.42 ms
+
+    The grid's own blocked actions (GPT, MLP) waited 0.42-0.50 ms, the others 0.23-0.26 ms.
+    One mean for both over-charged plans whose inputs queue up (GPipe's later stages) and
     under-charged those that wait at every step.  The median of all is reported too.
     """
     from executor.distributed import spawn
@@ -164,10 +173,10 @@ def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, 
     from pipesim.plan import Plan
 
     torch.set_num_threads(1)
-    job = functools.partial(builtin_job, "mlp", 32, width=256, depth=5, in_features=256)
+    job = functools.partial(builtin_job, "mlp", 64, width=512, depth=5, in_features=512)
     module, loss_fn, x, y = job()
-    plan = Plan([3, 3], 8, 32, checkpoint="never", schedule="1f1b")
-    prof = profile(module, (x, y), [4], loss_fn=loss_fn, repeats=20, warmup=5, progress=False)
+    plan = Plan([3, 3], 8, 64, checkpoint="never", schedule="1f1b")
+    prof = profile(module, (x, y), [8], loss_fn=loss_fn, repeats=20, warmup=5, progress=False)
     result, _ = spawn(job, plan, iterations=iterations, warmup=2)
     return _overheads(result.trace.actions, prof, plan, latency_s)
 
