@@ -5,9 +5,10 @@
    bandwidth`` through the smallest and largest size.
 2. **Per-action overhead** -- a pipeline of tiny layers (so nearly all of an action's
    time is the executor's own) runs through the multi-process executor; the overhead is
-   the median of (measured action seconds - profiled seconds of the same layers), and the
-   idle gaps the schedule does not explain are spread over the actions of the busiest
-   device.
+   the median of (measured action seconds - profiled seconds of the same layers).  The
+   idle gaps the schedule does not explain, on a pipeline whose actions last as long as
+   a pipeline's usually do: between actions whose input was there, and after a blocked
+   worker's input arrives (:func:`measure_overhead`).
 
 3. **Contention** -- one forward+backward loop alone, then in two processes at once: how
    much co-located ranks slow each other (memory bandwidth, caches, gloo's threads).
@@ -143,15 +144,18 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[tuple[float, bool]
 
 
 def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
-    """Per-action executor overhead (seconds), from a calibration pipeline on 2 ranks.
+    """Per-action executor overhead (seconds), from two calibration pipelines on 2 ranks.
 
-    The calibration model is a small MLP (width 512, micro-batches of 8) whose actions take
-    0.5-0.7 ms on this project's VM, the order of a pipeline's, unrelated to the plans
-    being validated.  In-action overhead: measured action seconds over the profiled
-    seconds of the same layers (median).  Between actions: the *mean* unexplained wait
-    (:func:`unexplained_gaps`), apart for actions whose input was there when their worker
-    reached them (``between_actions_s``, the cluster's ``action_gap_s``) and for those
-    whose worker blocked on the input first (``wakeup_s``, ``wakeup_gap_s``).
+    Both are small MLPs, 1F1B over 8 micro-batches, unrelated to the plans being
+    validated.  In-action overhead: measured action seconds over the profiled seconds of
+    the same layers (median), on the *tiny* one (width 256, micro-batches of 4: actions of
+    0.2-0.3 ms, so that what the executor adds is not lost in the compute or mixed with
+    the ranks slowing each other, which ``host_contention`` measures).  Between actions:
+    the *mean* unexplained wait (:func:`unexplained_gaps`) on the *paced* one (width 512,
+    micro-batches of 8: actions of 0.5-0.7 ms, the order of a pipeline's), apart for
+    actions whose input was there when their worker reached them (``between_actions_s``,
+    the cluster's ``action_gap_s``) and for those whose worker blocked on the input first
+    (``wakeup_s``, ``wakeup_gap_s``).
 
     On a loaded 2-core machine the mean is several times the median, because rare
     preemptions of milliseconds land between actions; they are real time lost, and with
@@ -160,23 +164,34 @@ def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, 
     the wait before (2026-11-24, three runs each, medians 0.1-0.3 ms throughout):
 
         actions of    woken (mean)    input there (mean)
-        0.2-0.3 ms    0.79-0.89 ms    0.32-0.36 ms     (this pipeline until 2026-11-24:
-        0.5-0.7 ms    0.42-0.62 ms    0.21-0.35 ms      width 256, micro-batches of 4)
-        2.5-2.8 ms    0.47-0.58 ms    0.35-0.42 ms
+        0.2-0.3 ms    0.79-0.89 ms    0.32-0.36 ms     (the tiny pipeline, which
+        0.5-0.7 ms    0.42-0.62 ms    0.21-0.35 ms      measured the gaps until
+        2.5-2.8 ms    0.47-0.58 ms    0.35-0.42 ms      2026-11-24)
 
     The grid's own blocked actions (GPT, MLP) waited 0.42-0.50 ms, the others 0.23-0.26 ms.
     One mean for both over-charged plans whose inputs queue up (GPipe's later stages) and
     under-charged those that wait at every step.  The median of all is reported too.
     """
+    tiny = _pipeline_overheads(256, 4, iterations, latency_s)
+    paced = _pipeline_overheads(512, 8, iterations, latency_s)
+    return {**paced, "in_action_s": tiny["in_action_s"]}
+
+
+def _pipeline_overheads(width: int, micro_batch: int, iterations: int,
+                        latency_s: float) -> dict[str, float]:
+    """:func:`_overheads` of a 2-rank 1F1B pipeline of an MLP ``width`` wide (6 layers,
+    3 a stage) over 8 micro-batches of ``micro_batch`` samples."""
     from executor.distributed import spawn
     from executor.profiler import profile
     from pipesim.plan import Plan
 
     torch.set_num_threads(1)
-    job = functools.partial(builtin_job, "mlp", 64, width=512, depth=5, in_features=512)
+    batch = 8 * micro_batch
+    job = functools.partial(builtin_job, "mlp", batch, width=width, depth=5, in_features=width)
     module, loss_fn, x, y = job()
-    plan = Plan([3, 3], 8, 64, checkpoint="never", schedule="1f1b")
-    prof = profile(module, (x, y), [8], loss_fn=loss_fn, repeats=20, warmup=5, progress=False)
+    plan = Plan([3, 3], 8, batch, checkpoint="never", schedule="1f1b")
+    prof = profile(module, (x, y), [micro_batch], loss_fn=loss_fn, repeats=20, warmup=5,
+                   progress=False)
     result, _ = spawn(job, plan, iterations=iterations, warmup=2)
     return _overheads(result.trace.actions, prof, plan, latency_s)
 
