@@ -19,7 +19,7 @@ again from its own profiles and calibration.  Figures: per column, the pooled me
 max |error| (per model too), each run's own, the run-to-run scatter, and Spearman and the
 regret of each run's choice judged by the pooled times (median over runs).
 
-    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict]
+    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -38,6 +38,7 @@ import pandas as pd
 
 from experiments.common import RESULTS, write_results
 from experiments.validation import predict_saved
+from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a plan's identity in the grid
@@ -74,12 +75,14 @@ def _git_show(commit: str, path: str) -> bytes:
     return done.stdout
 
 
-def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False) -> pd.DataFrame:
+def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
+              cluster_fields: dict[str, float | None] | None = None) -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
-    the folder (and ``predicted_ms_now`` with ``repredict``)."""
+    the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
+    ``cluster_fields`` replaced)."""
     tables = []
     for folder in folders:
-        table = (predict_saved(folder, tag) if repredict
+        table = (predict_saved(folder, tag, cluster_fields) if repredict
                  else pd.read_csv(folder / f"validation_{tag}.csv"))
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
@@ -141,12 +144,24 @@ def main() -> None:
     ap.add_argument("--tag", default="cpu", help="the runs' tag (validation_TAG.csv)")
     ap.add_argument("--repredict", action="store_true",
                     help="also today's model, each run predicted again from its own inputs")
+    ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                    help="with --repredict: replace a field of every run's calibration "
+                    "(seconds; 'none' for an unset one), e.g. --set wakeup_gap_s=0.0005")
     args = ap.parse_args()
+    fields = {}
+    for item in args.set:
+        name, _, value = item.partition("=")
+        if not value or name not in Cluster.__dataclass_fields__:
+            ap.error(f"--set {item!r}: expected FIELD=VALUE with a Cluster field")
+        try:
+            fields[name] = None if value.lower() == "none" else float(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: {value!r} is not a number")
     with tempfile.TemporaryDirectory() as tmp:
         folders = list(args.runs) + committed_runs(args.git, Path(tmp), args.tag)
         if not folders:
             ap.error("no runs: give --git N or --runs")
-        runs = load_runs(folders, args.tag, args.repredict)
+        runs = load_runs(folders, args.tag, args.repredict, fields)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured
     runs = runs.set_index(KEY).loc[common].reset_index()
@@ -172,7 +187,8 @@ def main() -> None:
               f"{r['max_abs_error_pct']:.1f}%; regret of each run's choice "
               f"{regret['median_pct']:.1f}% median, {regret['max_pct']:.1f}% worst")
     print(f"{main_col}: Spearman (pooled times) {f['spearman_throughput']:.3f}")
-    write_results("grid_history", table, {"runs": [str(f) for f in folders], "summary": summary})
+    write_results("grid_history", table, {"runs": [str(f) for f in folders],
+                                          "cluster_fields": fields, "summary": summary})
     print(f"wrote {RESULTS / 'grid_history.csv'}")
 
 

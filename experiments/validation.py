@@ -176,14 +176,18 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
-def predict_saved(folder: Path, tag: str = "cpu") -> pd.DataFrame:
+def predict_saved(folder: Path, tag: str = "cpu",
+                  cluster_fields: dict[str, float | None] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
     readings (``validation_TAG.json``: each model with the mean of the readings before and
-    after its grid, in the grid's model order, as the run predicted it)."""
+    after its grid, in the grid's model order, as the run predicted it).
+    ``cluster_fields`` replace fields of the saved calibration (a what-if: another
+    calibration's gaps on the same runs)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
-    cluster = Cluster.load(folder / f"calibration_{tag}.json")
+    cluster = dataclasses.replace(Cluster.load(folder / f"calibration_{tag}.json"),
+                                  **(cluster_fields or {}))
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
     meta = json.loads((folder / f"validation_{tag}.json").read_text())
     readings = meta.get("summary", {}).get("host_contention_readings")
