@@ -184,7 +184,8 @@ def fit_overhead(world: int, base: Cluster, m: int, iterations: int) -> tuple[fl
         raise RuntimeError(f"the micro-benchmark failed: {measured}")
 
     def predicted(overhead: float) -> float:
-        cluster = dataclasses.replace(base, compute_overhead_s=overhead, action_gap_s=0.0)
+        cluster = dataclasses.replace(base, compute_overhead_s=overhead, action_gap_s=0.0,
+                                      wakeup_gap_s=0.0)
         return metrics(simulate(prof, plan, cluster, schedule=schedule,
                                 track_memory=False)).iteration_time_s
 
@@ -213,8 +214,9 @@ def main() -> None:
         print(f"{world} ranks: calibrating ...", flush=True)
         base = calibrate_cpu(world)
         overhead, tiny = fit_overhead(world, base, m, args.iterations)
+        # torch's runtime: its whole per-action cost fitted in the action, no gap of either kind
         torch_cluster = dataclasses.replace(base, compute_overhead_s=overhead, action_gap_s=0.0,
-                                            name="torch_runtime_cpu")
+                                            wakeup_gap_s=0.0, name="torch_runtime_cpu")
         meta["calibration"][str(world)] = {"pipesim_executor": base.to_dict(),
                                            "torch_runtime": torch_cluster.to_dict(),
                                            "micro_benchmark_step_s": tiny}
