@@ -26,6 +26,7 @@ Writes experiments/results/grid_history.csv (one row per plan and column) and .j
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -86,6 +87,20 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
                  else pd.read_csv(folder / f"validation_{tag}.csv"))
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
+
+
+def run_conditions(folders: list[Path], tag: str = "cpu") -> dict[str, dict]:
+    """Per run, how steady the machine was (from ``validation_TAG.json``): its date, the
+    same plan's two passes apart (median %), and each model's profile drift over its grid
+    (%) -- the measurement's own quality, beside which a run's error is read."""
+    out = {}
+    for folder in folders:
+        meta = json.loads((folder / f"validation_{tag}.json").read_text())
+        summary = meta.get("summary", {})
+        out[folder.name] = {"date": meta.get("date"),
+                            "pass_noise_median_pct": summary.get("noise_floor_passes_median_pct"),
+                            "profile_drift_pct": summary.get("profile_drift_pct")}
+    return out
 
 
 def prediction_columns(runs: pd.DataFrame) -> list[str]:
@@ -162,6 +177,7 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields)
+        conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured
     runs = runs.set_index(KEY).loc[common].reset_index()
@@ -187,7 +203,13 @@ def main() -> None:
               f"{r['max_abs_error_pct']:.1f}%; regret of each run's choice "
               f"{regret['median_pct']:.1f}% median, {regret['max_pct']:.1f}% worst")
     print(f"{main_col}: Spearman (pooled times) {f['spearman_throughput']:.3f}")
+    for name, c in conditions.items():
+        drift = ", ".join(f"{m} {v:+.0f}%" for m, v in (c["profile_drift_pct"] or {}).items())
+        noise = c["pass_noise_median_pct"]
+        print(f"run {name} ({c['date']}): pass noise "
+              f"{'-' if noise is None else f'{noise:.1f}%'}, profile drift {drift or '-'}")
     write_results("grid_history", table, {"runs": [str(f) for f in folders],
+                                          "conditions": conditions,
                                           "cluster_fields": fields, "summary": summary})
     print(f"wrote {RESULTS / 'grid_history.csv'}")
 
