@@ -32,13 +32,14 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_cpu, host_contention
+from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
     CHECKPOINT_COSTS,
+    bracketed,
     confirm_choice,
     grid,
     in_passes,
@@ -112,6 +113,9 @@ def main() -> None:
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
+    # the gaps likewise (seconds: between ready actions, after a wake-up, one for all): one
+    # reading is one moment's, and a loaded moment reads them 4x (2026-11-24)
+    gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"])]
     # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
     # pipeline's ranks overlap for an action at a time)
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS)]
@@ -170,17 +174,20 @@ def main() -> None:
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads))
         sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS))
-        model_cluster = dataclasses.replace(cluster, host_contention=sum(contention[-2:]) / 2)
-        unbracketed = dataclasses.replace(cluster, host_contention=contention[-2])
+        again = measure_overhead(latency_s=cluster.link.latency_s)
+        gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
+        model_cluster = bracketed(cluster, contention[-2:], gaps[-2:])
+        unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1])
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
-                     "no_host_contention": (prof, dataclasses.replace(cluster, host_contention=0.0)),
+                     "no_host_contention": (prof, dataclasses.replace(model_cluster,
+                                                                      host_contention=0.0)),
                      "sustained_contention": (prof, dataclasses.replace(
-                         cluster, host_contention=sum(sustained[-2:]) / 2)),
-                     "model_contention": (prof, dataclasses.replace(cluster,
+                         model_cluster, host_contention=sum(sustained[-2:]) / 2)),
+                     "model_contention": (prof, dataclasses.replace(model_cluster,
                                                                     host_contention=own)),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
-                         model_cluster, action_gap_s=overheads["between_actions_all_s"],
+                         model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
                          wakeup_gap_s=None)),
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
@@ -215,6 +222,7 @@ def main() -> None:
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
+    summary["gap_readings"] = gaps  # (between ready actions, wake-up, one for all) seconds
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
     summary["per_model"] = per_model  # each model's error beside its own pass noise

@@ -12,7 +12,7 @@ import dataclasses
 import json
 import math
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -176,24 +176,46 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
     return out
 
 
+def bracketed(cluster: Cluster, contention: Sequence[float],
+              gaps: Sequence[Sequence[float | None]]) -> Cluster:
+    """``cluster`` with the means of the readings around a model's grid: its host
+    contention and its gaps (``(action_gap_s, wakeup_gap_s, ...)`` per reading; a reading
+    without a wake-up gap leaves one gap for both)."""
+    wakeups = [g[1] for g in gaps]
+    return dataclasses.replace(
+        cluster, host_contention=sum(contention) / len(contention),
+        action_gap_s=sum(float(g[0] or 0.0) for g in gaps) / len(gaps),
+        wakeup_gap_s=(None if any(w is None for w in wakeups)
+                      else sum(float(w or 0.0) for w in wakeups) / len(wakeups)))
+
+
 def predict_saved(folder: Path, tag: str = "cpu",
                   cluster_fields: dict[str, float | None] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
     readings (``validation_TAG.json``: each model with the mean of the readings before and
-    after its grid, in the grid's model order, as the run predicted it).
-    ``cluster_fields`` replace fields of the saved calibration (a what-if: another
-    calibration's gaps on the same runs)."""
+    after its grid, in the grid's model order, as the run predicted it; the gaps likewise
+    where the run measured them around each grid, ``gap_readings``).  ``cluster_fields``
+    then replace fields of each model's cluster (a what-if: another calibration's gaps on
+    the same runs)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
-    cluster = dataclasses.replace(Cluster.load(folder / f"calibration_{tag}.json"),
-                                  **(cluster_fields or {}))
+    cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
     meta = json.loads((folder / f"validation_{tag}.json").read_text())
-    readings = meta.get("summary", {}).get("host_contention_readings")
-    clusters = {m: (dataclasses.replace(cluster, host_contention=(readings[i] + readings[i + 1]) / 2)
-                    if readings and len(readings) > i + 1 else cluster)
-                for i, m in enumerate(table.model.unique())}
+    summary = meta.get("summary", {})
+    readings = summary.get("host_contention_readings")
+    gap_readings = summary.get("gap_readings")
+    clusters = {}
+    for i, m in enumerate(table.model.unique()):
+        clusters[m] = cluster
+        if readings and len(readings) > i + 1:
+            clusters[m] = dataclasses.replace(cluster,
+                                              host_contention=(readings[i] + readings[i + 1]) / 2)
+        if gap_readings and len(gap_readings) > i + 1:  # the gaps measured around it too
+            clusters[m] = bracketed(clusters[m], [clusters[m].host_contention],
+                                    gap_readings[i:i + 2])
+        clusters[m] = dataclasses.replace(clusters[m], **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():

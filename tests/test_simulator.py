@@ -978,3 +978,15 @@ def test_runs_pooled_keep_each_plans_bias_and_lose_the_drift_between_runs():
     # every run predicts m=2 the faster, and the pooled measurement agrees: no regret
     assert f["regret"]["m"] == {"median_pct": 0.0, "max_pct": 0.0}
     assert f["per_run"]["r3"]["median_abs_error_pct"] == pytest.approx(10.0)
+
+
+def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
+    from experiments.validation import bracketed
+
+    base = Cluster([Device("a"), Device("b")], action_gap_s=1.0, wakeup_gap_s=1.0)
+    c = bracketed(base, [0.1, 0.3], [(2e-4, 4e-4, 3e-4), (4e-4, 8e-4, 6e-4)])
+    assert c.host_contention == pytest.approx(0.2)
+    assert (c.action_gap_s, c.wakeup_gap_s) == pytest.approx((3e-4, 6e-4))
+    # one reading: itself; a reading without a wake-up gap: one gap for both
+    assert bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4)]).wakeup_gap_s == pytest.approx(4e-4)
+    assert bracketed(base, [0.1], [(2e-4, None, 2e-4), (4e-4, 8e-4, 6e-4)]).wakeup_gap_s is None
