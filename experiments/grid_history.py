@@ -6,9 +6,9 @@ same plan's two passes differ by 6-15% median).  The drift changes from run to r
 bias does not.  Pooled over R runs, a plan's *median* error over them keeps the bias and
 loses most of the drift::
 
-    plan            run 1   run 2   run 3   run 4    pooled (median)   scatter (sd)
-    mlp 1f1b m=16   +24%    +9%     +31%    +22%     +23%: the model   9%: the machine
-    gpt gpipe m=4    -8%    +6%      -1%     +2%      +1%              6%
+    plan (never)         7 runs of 2026-11-24, in order            pooled   scatter (sd)
+    unet 1f1b [8,5] m=16 -22 -33 -25 -27 -47 -15 -18 %      -25%     15%: a bias
+    gpt gpipe [3,3] m=4   +6  +8  -8 -20  +5 +15 +13 %       +6%     13%: mostly drift
 
 Each run is a results folder as ``validate.py`` leaves it (``validation_cpu.csv/.json``,
 ``calibration_cpu.json``, ``profile_cpu_MODEL.csv``); ``--git N`` takes the last N runs
