@@ -34,6 +34,7 @@ from executor.host_allocator import retain_freed_memory
 from executor.models import builtin_job
 from executor.transport import _work
 from pipesim.cluster import Cluster, Device, Link
+from pipesim.plan import Plan
 
 SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 #: the workload of the host-contention calibration unless one is given: a small MLP
@@ -172,47 +173,69 @@ def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, 
     One mean for both over-charged plans whose inputs queue up (GPipe's later stages) and
     under-charged those that wait at every step.  The median of all is reported too.
     """
-    tiny = _pipeline_overheads(256, 4, iterations, latency_s)
-    paced = _pipeline_overheads(512, 8, iterations, latency_s)
-    return {**paced, "in_action_s": tiny["in_action_s"]}
-
-
-def _pipeline_overheads(width: int, micro_batch: int, iterations: int,
-                        latency_s: float) -> dict[str, float]:
-    """:func:`_overheads` of a 2-rank 1F1B pipeline of an MLP ``width`` wide (6 layers,
-    3 a stage) over 8 micro-batches of ``micro_batch`` samples."""
-    from executor.distributed import spawn
     from executor.profiler import profile
-    from pipesim.plan import Plan
 
+    job, plan = _calibration_pipeline(256, 4)  # tiny: the in-action overhead
+    module, loss_fn, x, y = job()
+    prof = profile(module, (x, y), list(plan.micro_batch_sizes[:1]), loss_fn=loss_fn,
+                   repeats=20, warmup=5, progress=False)
+    return {**measure_gaps(iterations, latency_s),
+            "in_action_s": _in_action(_run(job, plan, iterations), prof, plan)}
+
+
+def measure_gaps(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
+    """The gaps of :func:`measure_overhead` alone (its *paced* pipeline: no profile needed),
+    seconds: ``between_actions_s``, ``wakeup_s``, ``between_actions_all_s`` (means) and
+    ``between_actions_median_s``."""
+    job, plan = _calibration_pipeline(512, 8)
+    return _gap_means(_run(job, plan, iterations), latency_s)
+
+
+def _calibration_pipeline(width: int, micro_batch: int) -> tuple[Callable, Plan]:
+    """The job and Plan of a 2-rank 1F1B pipeline of an MLP ``width`` wide (6 layers, 3 a
+    stage) over 8 micro-batches of ``micro_batch`` samples."""
     torch.set_num_threads(1)
     batch = 8 * micro_batch
     job = functools.partial(builtin_job, "mlp", batch, width=width, depth=5, in_features=width)
-    module, loss_fn, x, y = job()
-    plan = Plan([3, 3], 8, batch, checkpoint="never", schedule="1f1b")
-    prof = profile(module, (x, y), [micro_batch], loss_fn=loss_fn, repeats=20, warmup=5,
-                   progress=False)
+    return job, Plan([3, 3], 8, batch, checkpoint="never", schedule="1f1b")
+
+
+def _run(job: Callable, plan: Plan, iterations: int):
+    """The measured actions of ``plan`` run through the multi-process executor."""
+    from executor.distributed import spawn
+
     result, _ = spawn(job, plan, iterations=iterations, warmup=2)
-    return _overheads(result.trace.actions, prof, plan, latency_s)
+    return result.trace.actions
 
 
-def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
-    """In-action overhead (median excess over the profile) and gaps between actions."""
+def _in_action(actions, prof, plan) -> float:
+    """Median excess (seconds) of the measured compute actions over the profiled seconds
+    of the same layers, at least 0."""
     size = plan.micro_batch_sizes[0]
     excess = []
     for r in actions[actions.kind.isin(["F", "B"])].itertuples():
         cost = prof.span_cost(plan.stage_layers(r.stage).start, plan.stage_layers(r.stage).stop,
                               size)
         excess.append((r.end - r.start) - (cost.fwd_s if r.kind == "F" else cost.bwd_s))
+    return max(statistics.median(excess), 0.0)
+
+
+def _gap_means(actions, latency_s: float = 0.0) -> dict[str, float]:
+    """Means of the gaps between actions (:func:`unexplained_gaps`): where the input was
+    there, after a wake-up, all of them; and the median of all."""
     gaps = unexplained_gaps(actions, latency_s)
     every = [g for g, _ in gaps]
     ready = [g for g, blocked in gaps if not blocked] or every
     woken = [g for g, blocked in gaps if blocked] or every
-    return {"in_action_s": max(statistics.median(excess), 0.0),
-            "between_actions_all_s": float(np.mean(every)) if every else 0.0,
+    return {"between_actions_all_s": float(np.mean(every)) if every else 0.0,
             "between_actions_s": float(np.mean(ready)) if ready else 0.0,
             "wakeup_s": float(np.mean(woken)) if woken else 0.0,
             "between_actions_median_s": float(np.median(every)) if every else 0.0}
+
+
+def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
+    """In-action overhead (median excess over the profile) and gaps between actions."""
+    return {"in_action_s": _in_action(actions, prof, plan), **_gap_means(actions, latency_s)}
 
 
 def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
@@ -269,7 +292,6 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     from executor.pipeline import Pipeline
     from executor.profiler import profile
     from pipesim.balance import even_balance
-    from pipesim.plan import Plan
 
     module, loss_fn, x, y = builtin_job("mlp", 32, width=64, depth=2 * n_workers + 1,
                                         in_features=64)

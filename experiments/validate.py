@@ -32,7 +32,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
+from executor.calibrate import calibrate_cpu, host_contention, measure_gaps
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
@@ -174,7 +174,7 @@ def main() -> None:
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads))
         sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS))
-        again = measure_overhead(latency_s=cluster.link.latency_s)
+        again = measure_gaps(latency_s=cluster.link.latency_s)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
         model_cluster = bracketed(cluster, contention[-2:], gaps[-2:])
         unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1])

@@ -208,14 +208,13 @@ def predict_saved(folder: Path, tag: str = "cpu",
     gap_readings = summary.get("gap_readings")
     clusters = {}
     for i, m in enumerate(table.model.unique()):
-        clusters[m] = cluster
-        if readings and len(readings) > i + 1:
-            clusters[m] = dataclasses.replace(cluster,
-                                              host_contention=(readings[i] + readings[i + 1]) / 2)
-        if gap_readings and len(gap_readings) > i + 1:  # the gaps measured around it too
-            clusters[m] = bracketed(clusters[m], [clusters[m].host_contention],
-                                    gap_readings[i:i + 2])
-        clusters[m] = dataclasses.replace(clusters[m], **(cluster_fields or {}))
+        # the readings before and after model i's grid, where the run took them
+        contention = (readings[i:i + 2] if readings and len(readings) > i + 1
+                      else [cluster.host_contention])
+        gaps = (gap_readings[i:i + 2] if gap_readings and len(gap_readings) > i + 1
+                else [(cluster.action_gap_s, cluster.wakeup_gap_s)])
+        clusters[m] = dataclasses.replace(bracketed(cluster, contention, gaps),
+                                          **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
