@@ -41,12 +41,17 @@ SIZES = (1 << 10, 1 << 14, 1 << 17, 1 << 20, 1 << 22)  # bytes
 CALIBRATION_JOB = functools.partial(builtin_job, "mlp", 8, width=256, depth=5, in_features=256)
 
 
-def _gather(target, n: int, args: tuple, expected: int) -> list:
-    """Run ``target(rank, *args, out)`` in ``n`` spawned processes; the first ``expected``
-    items they put on ``out``."""
+def _gather(target, n: int, args: tuple, expected: int, pin_cores: bool = False) -> list:
+    """Run ``target(rank, *args, out)`` in ``n`` spawned processes (each on its own cores
+    with ``pin_cores``, as :func:`executor.distributed.spawn` pins ranks); the first
+    ``expected`` items they put on ``out``."""
+    from executor.distributed import rank_cores
+
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    procs = [ctx.Process(target=target, args=(r, *args, out)) for r in range(n)]
+    cores = rank_cores(n) if pin_cores else None
+    procs = [ctx.Process(target=_on_cores, args=(cores, target, r, *args, out))
+             for r in range(n)]
     for p in procs:
         p.start()
     try:
@@ -58,6 +63,13 @@ def _gather(target, n: int, args: tuple, expected: int) -> list:
                 p.terminate()
                 p.join(timeout=5)
     return items
+
+
+def _on_cores(cores: dict[int, set[int]] | None, target, rank: int, *args) -> None:
+    """``target(rank, *args)`` in a spawned process, on ``cores[rank]`` if given."""
+    if cores:
+        os.sched_setaffinity(0, cores[rank])
+    target(rank, *args)
 
 
 def _posted_sends(rank: int, port: int, sizes: tuple[int, ...], repeats: int, out) -> None:
@@ -95,7 +107,8 @@ def _posted_sends(rank: int, port: int, sizes: tuple[int, ...], repeats: int, ou
     dist.destroy_process_group()
 
 
-def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20) -> tuple[Link, dict[int, float]]:
+def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20,
+                 pin_cores: bool = False) -> tuple[Link, dict[int, float]]:
     """Fit a gloo loopback link between two processes; returns it and the raw medians.
 
     Timed as the pipeline's sends meet it, their receive posted (:func:`_posted_sends`):
@@ -104,7 +117,8 @@ def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20) -> tuple[Lin
     occupies its sender at about 2 GB/s on this project's VM.)"""
     from executor.distributed import _free_port
 
-    (one_way,) = _gather(_posted_sends, 2, (_free_port(), sizes, repeats), expected=1)
+    (one_way,) = _gather(_posted_sends, 2, (_free_port(), sizes, repeats), expected=1,
+                         pin_cores=pin_cores)
     # Two points, robust to one noisy size: latency from the smallest message, bandwidth
     # from the growth between the smallest and the largest.
     small, large = min(one_way), max(one_way)
@@ -144,7 +158,8 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[tuple[float, bool]
     return out
 
 
-def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
+def measure_overhead(iterations: int = 24, latency_s: float = 0.0,
+                     pin_cores: bool = False) -> dict[str, float]:
     """Per-action executor overhead (seconds), from two calibration pipelines on 2 ranks.
 
     Both are small MLPs, 1F1B over 8 micro-batches, unrelated to the plans being
@@ -179,16 +194,17 @@ def measure_overhead(iterations: int = 24, latency_s: float = 0.0) -> dict[str, 
     module, loss_fn, x, y = job()
     prof = profile(module, (x, y), list(plan.micro_batch_sizes[:1]), loss_fn=loss_fn,
                    repeats=20, warmup=5, progress=False)
-    return {**measure_gaps(iterations, latency_s),
-            "in_action_s": _in_action(_run(job, plan, iterations), prof, plan)}
+    return {**measure_gaps(iterations, latency_s, pin_cores),
+            "in_action_s": _in_action(_run(job, plan, iterations, pin_cores), prof, plan)}
 
 
-def measure_gaps(iterations: int = 24, latency_s: float = 0.0) -> dict[str, float]:
+def measure_gaps(iterations: int = 24, latency_s: float = 0.0,
+                 pin_cores: bool = False) -> dict[str, float]:
     """The gaps of :func:`measure_overhead` alone (its *paced* pipeline: no profile needed),
     seconds: ``between_actions_s``, ``wakeup_s``, ``between_actions_all_s`` (means) and
     ``between_actions_median_s``."""
     job, plan = _calibration_pipeline(512, 8)
-    return _gap_means(_run(job, plan, iterations), latency_s)
+    return _gap_means(_run(job, plan, iterations, pin_cores), latency_s)
 
 
 def _calibration_pipeline(width: int, micro_batch: int) -> tuple[Callable, Plan]:
@@ -200,11 +216,11 @@ def _calibration_pipeline(width: int, micro_batch: int) -> tuple[Callable, Plan]
     return job, Plan([3, 3], 8, batch, checkpoint="never", schedule="1f1b")
 
 
-def _run(job: Callable, plan: Plan, iterations: int):
+def _run(job: Callable, plan: Plan, iterations: int, pin_cores: bool = False):
     """The measured actions of ``plan`` run through the multi-process executor."""
     from executor.distributed import spawn
 
-    result, _ = spawn(job, plan, iterations=iterations, warmup=2)
+    result, _ = spawn(job, plan, iterations=iterations, warmup=2, pin_cores=pin_cores)
     return result.trace.actions
 
 
@@ -240,7 +256,8 @@ def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
 
 def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                   name: str = "calibrated_cpu_processes",
-                  overheads: dict[str, float] | None = None) -> Cluster:
+                  overheads: dict[str, float] | None = None,
+                  pin_cores: bool = False) -> Cluster:
     """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s).
 
     The host runs ``cores // threads_per_rank`` ranks' compute at once (``host_cores``);
@@ -249,16 +266,19 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     slicing of more ranks than cores is the host law's (:func:`pipesim.contention.host_law`).
     ``overheads``, if given, receives :func:`measure_overhead`'s figures (the gaps'
     medians and their mean over all actions beside what the cluster keeps).
+    ``pin_cores``: every measurement with each rank on its own cores, as a run spawned
+    with ``pin_cores`` places them (:func:`executor.distributed.rank_cores`).
     """
-    link, _ = measure_link()
-    over = measure_overhead(latency_s=link.latency_s)
+    link, _ = measure_link(pin_cores=pin_cores)
+    over = measure_overhead(latency_s=link.latency_s, pin_cores=pin_cores)
     if overheads is not None:
         overheads.update(over)
     slots = _slots(threads_per_rank)
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
                    wakeup_gap_s=over["wakeup_s"],
-                   host_contention=host_contention(n_devices, threads_per_rank), host_cores=slots,
+                   host_contention=host_contention(n_devices, threads_per_rank,
+                                                   pin_cores=pin_cores), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted
                    # ahead, and a send written from the sender's own thread
                    sender_keeps_sends=True, receives_ahead=True, blocking_sends=True,
@@ -266,14 +286,16 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
 
 
 def host_contention(n_devices: int, threads_per_rank: int = 1, steps: int = 10,
-                    job: Callable = CALIBRATION_JOB, iterations: int = 200) -> float:
+                    job: Callable = CALIBRATION_JOB, iterations: int = 200,
+                    pin_cores: bool = False) -> float:
     """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
     many ranks as the run has (up to the host's slots, at least 2), in a ring, alone and
     together alternating every ``steps`` steps (10 of the calibration MLP: phases of a few
     ms, as long as a pipeline's actions), on ``job``'s workload; the median of three."""
     ranks = max(min(n_devices, _slots(threads_per_rank)), 2)
-    return statistics.median(measure_contention(ranks, iterations, steps, job)["host_contention"]
-                             for _ in range(3))
+    return statistics.median(
+        measure_contention(ranks, iterations, steps, job, pin_cores)["host_contention"]
+        for _ in range(3))
 
 
 def _slots(threads_per_rank: int) -> int:
@@ -344,7 +366,7 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
 
 
 def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
-                       job: Callable = CALIBRATION_JOB) -> dict[str, float]:
+                       job: Callable = CALIBRATION_JOB, pin_cores: bool = False) -> dict[str, float]:
     """How much ``workers`` processes computing at once slow each other (``host_contention``).
 
     ``job`` gives the workload, ``(module, loss_fn, inputs, targets)`` (picklable: a
@@ -369,7 +391,8 @@ def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
     rounds = max(1, -(-iterations // steps))
     barrier = mp.get_context("spawn").Barrier(workers)
     results = _gather(_contention_loop, workers,
-                      (barrier, rounds, steps, workers, _free_port(), job), expected=workers)
+                      (barrier, rounds, steps, workers, _free_port(), job), expected=workers,
+                      pin_cores=pin_cores)
     alone = statistics.median(a for _, a, _ in results)
     together = statistics.median(t for _, _, t in results)
     return {"alone_s": alone, "together_s": together,

@@ -83,7 +83,8 @@ def main() -> None:
                     "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
-    ap.add_argument("--pin", action="store_true", help="pin each rank to its own cores")
+    ap.add_argument("--pin", action="store_true",
+                    help="pin each rank to its own cores, in the calibration too")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
@@ -103,7 +104,7 @@ def main() -> None:
         return
     print("calibrating ...", flush=True)
     overheads: dict[str, float] = {}
-    cluster = calibrate_cpu(args.stages, overheads=overheads)
+    cluster = calibrate_cpu(args.stages, overheads=overheads, pin_cores=args.pin)
     cluster.save(results / f"calibration_{tag}.json")
     print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
@@ -118,7 +119,8 @@ def main() -> None:
     gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"])]
     # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
     # pipeline's ranks overlap for an action at a time)
-    sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS)]
+    sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
+                                 pin_cores=args.pin)]
     model_readings: dict[str, float] = {}
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
@@ -142,7 +144,7 @@ def main() -> None:
         # alone and together in alternation, one step a phase)
         own = host_contention(args.stages, args.threads, steps=1, iterations=30,
                               job=functools.partial(builtin_job, name, BATCH // 4,
-                                                    **sizes_of_model))
+                                                    **sizes_of_model), pin_cores=args.pin)
         model_readings[name] = own
         plans = grid(before, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
@@ -172,9 +174,10 @@ def main() -> None:
         drifts[name] = profile_drift(before, after)
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
-        contention.append(host_contention(args.stages, args.threads))
-        sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS))
-        again = measure_gaps(latency_s=cluster.link.latency_s)
+        contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
+        sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
+                                         pin_cores=args.pin))
+        again = measure_gaps(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
         model_cluster = bracketed(cluster, contention[-2:], gaps[-2:])
         unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1])
