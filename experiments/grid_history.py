@@ -90,14 +90,15 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
 
 
 def run_conditions(folders: list[Path], tag: str = "cpu") -> dict[str, dict]:
-    """Per run, how steady the machine was (from ``validation_TAG.json``): its date, the
+    """Per run, how steady the machine was (from ``validation_TAG.json``): its date, whether
+    its ranks were pinned to their own cores (``validate.py --pin``), the
     same plan's two passes apart (median %), and each model's profile drift over its grid
     (%) -- the measurement's own quality, beside which a run's error is read."""
     out = {}
     for folder in folders:
         meta = json.loads((folder / f"validation_{tag}.json").read_text())
         summary = meta.get("summary", {})
-        out[folder.name] = {"date": meta.get("date"),
+        out[folder.name] = {"date": meta.get("date"), "pinned": bool(meta.get("pinned")),
                             "pass_noise_median_pct": summary.get("noise_floor_passes_median_pct"),
                             "profile_drift_pct": summary.get("profile_drift_pct")}
     return out
@@ -206,7 +207,7 @@ def main() -> None:
     for name, c in conditions.items():
         drift = ", ".join(f"{m} {v:+.0f}%" for m, v in (c["profile_drift_pct"] or {}).items())
         noise = c["pass_noise_median_pct"]
-        print(f"run {name} ({c['date']}): pass noise "
+        print(f"run {name} ({c['date']}{', ranks pinned' if c.get('pinned') else ''}): pass noise "
               f"{'-' if noise is None else f'{noise:.1f}%'}, profile drift {drift or '-'}")
     write_results("grid_history", table, {"runs": [str(f) for f in folders],
                                           "conditions": conditions,
