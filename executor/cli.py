@@ -248,7 +248,9 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--transport", default="threads", choices=["threads", "processes"],
                    help="threads in one process, or one process per stage (gloo); default threads")
     p.add_argument("--device", default="cpu", help="device of every stage (threads transport)")
-    p.add_argument("--pin", action="store_true", help="pin processes to cores")
+    p.add_argument("--pin", action="store_true",
+                   help="each process on its own cores (steadier timings on a small host: "
+                   "executor.distributed.rank_cores)")
     p.add_argument("--iterations", type=positive_int, default=5, help="measured (default 5)")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="unmeasured first (default 2)")
     p.add_argument("--profile", help="profile CSV: also simulate the plan and compare")

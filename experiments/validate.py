@@ -3,13 +3,14 @@
 1. calibrate links and executor overhead (executor.calibrate; never the plans below);
 2. profile each built-in model offline, one thread, at every micro-batch size used;
 3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
-   and 1F1B) through ``executor.distributed`` (2 processes x 1 thread) and simulate it;
+   and 1F1B) through ``executor.distributed`` (2 processes x 1 thread, each on its own
+   core unless ``--no-pin``; the calibration's processes alike) and simulate it;
 4. print median/max |error| of iteration time, bubble error, Spearman rank correlation
    of throughput, the tuner's regret (in the grid, and confirmed: the best-predicted and
    the best-measured plan re-run side by side, :func:`experiments.validation.confirm_choice`),
    and the replay check.
 
-    python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick]
+    python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick] [--no-pin]
 Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and figures.
 """
 
@@ -83,8 +84,13 @@ def main() -> None:
                     "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
-    ap.add_argument("--pin", action="store_true",
-                    help="pin each rank to its own cores, in the calibration too")
+    # pinned by default: two pinned grids on 2026-11-24 repeated each plan within 5.8%
+    # (median over plans of the spread between runs) where unpinned pairs of the same
+    # hours gave 11.5-14.7%; unpinned, messages of some iterations land 2-5 ms late
+    # (executor.distributed.rank_cores)
+    ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
+                    help="each rank on its own cores, in the calibration too (default; "
+                    "--no-pin leaves placement to the operating system)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
