@@ -257,11 +257,12 @@ def rank_cores(world: int) -> dict[int, set[int]]:
     """Each of ``world`` ranks' own share of this process's CPUs (``pin_cores``): equal
     consecutive slices, a CPU each at least (ranks share CPUs round robin beyond them).
 
-    Unpinned on a 2-core VM, the operating system puts a rank's threads on whichever core
-    frees first: in some iterations a woken receiver or gloo's I/O thread waits behind the
-    other rank's compute for a scheduler slice, and every message of that iteration lands
-    2-5 ms after its post instead of 0.2-0.6 ms (U-Net 1F1B [8,5] at 16 micro-batches:
-    80-112 ms an iteration unpinned, 72-85 pinned; 2026-11-24).
+    Unpinned on a 2-core VM, the operating system places a rank's threads where it likes,
+    and in some iterations every message lands 2-5 ms after its post instead of 0.2-0.6 ms
+    (a woken receiver or gloo's I/O thread behind the other rank's compute, presumably);
+    pinned, that mode is rare: ``experiments/pinning.py`` (median message 0.27-2.6 ms
+    unpinned, 0.14-0.60 ms pinned; U-Net 1F1B [8,5] at 16 micro-batches 94.6 -> 81.1 ms
+    an iteration, 2026-11-24).
     """
     cpus = sorted(os.sched_getaffinity(0))
     per = max(1, len(cpus) // world)

@@ -84,10 +84,10 @@ def main() -> None:
                     "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
-    # pinned by default: two pinned grids on 2026-11-24 repeated each plan within 5.8%
-    # (median over plans of the spread between runs) where unpinned pairs of the same
-    # hours gave 11.5-14.7%; unpinned, messages of some iterations land 2-5 ms late
-    # (executor.distributed.rank_cores)
+    # pinned by default: two pinned grids on 2026-11-24 scattered 5.8% around each plan's
+    # pooled error (median over plans, grid_history.py) where unpinned pairs of the same
+    # day gave 11.5-14.7%; unpinned, messages of some iterations land 2-5 ms late
+    # (executor.distributed.rank_cores, experiments/pinning.py)
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="each rank on its own cores, in the calibration too (default; "
                     "--no-pin leaves placement to the operating system)")
