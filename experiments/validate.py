@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_cpu, host_contention, measure_gaps
+from executor.calibrate import calibrate_cpu, host_contention, measure_gaps, measure_in_action
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
@@ -123,6 +123,9 @@ def main() -> None:
     # the gaps likewise (seconds: between ready actions, after a wake-up, one for all): one
     # reading is one moment's, and a loaded moment reads them 4x (2026-11-24)
     gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"])]
+    # and the in-action overhead (seconds): ten grids' calibrations read 0.0-0.20 ms, most
+    # 0.035-0.065 (2026-11-24), and 0.17 ms charged on every action of a 100-action step
+    in_action = [cluster.compute_overhead_s]
     # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
     # pipeline's ranks overlap for an action at a time)
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
@@ -185,8 +188,9 @@ def main() -> None:
                                          pin_cores=args.pin))
         again = measure_gaps(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
-        model_cluster = bracketed(cluster, contention[-2:], gaps[-2:])
-        unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1])
+        in_action.append(measure_in_action(pin_cores=args.pin))
+        model_cluster = bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:])
+        unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1])
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
@@ -232,6 +236,7 @@ def main() -> None:
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
     summary["gap_readings"] = gaps  # (between ready actions, wake-up, one for all) seconds
+    summary["in_action_readings"] = in_action  # seconds
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
     summary["per_model"] = per_model  # each model's error beside its own pass noise

@@ -177,13 +177,17 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 
 
 def bracketed(cluster: Cluster, contention: Sequence[float],
-              gaps: Sequence[Sequence[float | None]]) -> Cluster:
+              gaps: Sequence[Sequence[float | None]],
+              in_action: Sequence[float] = ()) -> Cluster:
     """``cluster`` with the means of the readings around a model's grid: its host
-    contention and its gaps (``(action_gap_s, wakeup_gap_s, ...)`` per reading; a reading
-    without a wake-up gap leaves one gap for both)."""
+    contention, its gaps (``(action_gap_s, wakeup_gap_s, ...)`` per reading; a reading
+    without a wake-up gap leaves one gap for both) and, where given, its in-action
+    overhead (``compute_overhead_s``)."""
     wakeups = [g[1] for g in gaps]
+    overhead = sum(in_action) / len(in_action) if in_action else cluster.compute_overhead_s
     return dataclasses.replace(
         cluster, host_contention=sum(contention) / len(contention),
+        compute_overhead_s=overhead,
         action_gap_s=sum(float(g[0] or 0.0) for g in gaps) / len(gaps),
         wakeup_gap_s=(None if any(w is None for w in wakeups)
                       else sum(float(w or 0.0) for w in wakeups) / len(wakeups)))
@@ -195,8 +199,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
     readings (``validation_TAG.json``: each model with the mean of the readings before and
-    after its grid, in the grid's model order, as the run predicted it; the gaps likewise
-    where the run measured them around each grid, ``gap_readings``).  ``cluster_fields``
+    after its grid, in the grid's model order, as the run predicted it; the gaps and the
+    in-action overhead likewise where the run measured them around each grid,
+    ``gap_readings`` and ``in_action_readings``).  ``cluster_fields``
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
     the same runs)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
@@ -206,6 +211,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
     summary = meta.get("summary", {})
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
+    in_action_readings = summary.get("in_action_readings")
     clusters = {}
     for i, m in enumerate(table.model.unique()):
         # the readings before and after model i's grid, where the run took them
@@ -213,7 +219,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
                       else [cluster.host_contention])
         gaps = (gap_readings[i:i + 2] if gap_readings and len(gap_readings) > i + 1
                 else [(cluster.action_gap_s, cluster.wakeup_gap_s)])
-        clusters[m] = dataclasses.replace(bracketed(cluster, contention, gaps),
+        in_action = (in_action_readings[i:i + 2]
+                     if in_action_readings and len(in_action_readings) > i + 1 else ())
+        clusters[m] = dataclasses.replace(bracketed(cluster, contention, gaps, in_action),
                                           **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []

@@ -990,3 +990,7 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
     # one reading: itself; a reading without a wake-up gap: one gap for both
     assert bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4)]).wakeup_gap_s == pytest.approx(4e-4)
     assert bracketed(base, [0.1], [(2e-4, None, 2e-4), (4e-4, 8e-4, 6e-4)]).wakeup_gap_s is None
+    # the in-action overhead where its readings are given, else the cluster's own
+    assert c.compute_overhead_s == base.compute_overhead_s
+    assert bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4)], [5e-5, 1.5e-4]).compute_overhead_s == \
+        pytest.approx(1e-4)
