@@ -33,7 +33,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_cpu, host_contention, measure_gaps, measure_in_action
+from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
@@ -84,9 +84,9 @@ def main() -> None:
                     "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
-    # pinned by default: two pinned grids on 2026-11-24 scattered 5.8% around each plan's
-    # pooled error (median over plans, grid_history.py) where unpinned pairs of the same
-    # day gave 11.5-14.7%; unpinned, messages of some iterations land 2-5 ms late
+    # pinned by default: five pinned grids on 2026-11-24 scattered 5.7% around each plan's
+    # pooled error (median over plans, grid_history.py) where unpinned runs of the same
+    # day gave 11.5-15.9%; unpinned, messages of some iterations land 2-5 ms late
     # (executor.distributed.rank_cores, experiments/pinning.py)
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="each rank on its own cores, in the calibration too (default; "
@@ -186,9 +186,9 @@ def main() -> None:
         contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
         sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
                                          pin_cores=args.pin))
-        again = measure_gaps(latency_s=cluster.link.latency_s, pin_cores=args.pin)
+        again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
-        in_action.append(measure_in_action(pin_cores=args.pin))
+        in_action.append(again["in_action_s"])
         model_cluster = bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:])
         unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1])
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),

@@ -212,17 +212,17 @@ def predict_saved(folder: Path, tag: str = "cpu",
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
+    def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
+        """The readings before and after model i's grid, where the run took them."""
+        return values[i:i + 2] if values and len(values) > i + 1 else otherwise
+
     clusters = {}
     for i, m in enumerate(table.model.unique()):
-        # the readings before and after model i's grid, where the run took them
-        contention = (readings[i:i + 2] if readings and len(readings) > i + 1
-                      else [cluster.host_contention])
-        gaps = (gap_readings[i:i + 2] if gap_readings and len(gap_readings) > i + 1
-                else [(cluster.action_gap_s, cluster.wakeup_gap_s)])
-        in_action = (in_action_readings[i:i + 2]
-                     if in_action_readings and len(in_action_readings) > i + 1 else ())
-        clusters[m] = dataclasses.replace(bracketed(cluster, contention, gaps, in_action),
-                                          **(cluster_fields or {}))
+        clusters[m] = dataclasses.replace(
+            bracketed(cluster, around(readings, i, [cluster.host_contention]),
+                      around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
+                      around(in_action_readings, i, ())),
+            **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
