@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import os
+import queue
 import statistics
 import time
 from collections.abc import Callable
@@ -55,7 +56,7 @@ def _gather(target, n: int, args: tuple, expected: int, pin_cores: bool = False)
     for p in procs:
         p.start()
     try:
-        items = [out.get(timeout=300) for _ in range(expected)]
+        items = [_next_item(out, procs) for _ in range(expected)]
     finally:  # bounded: a process that does not end is stopped, never waited on forever
         for p in procs:
             p.join(timeout=30)
@@ -63,6 +64,25 @@ def _gather(target, n: int, args: tuple, expected: int, pin_cores: bool = False)
                 p.terminate()
                 p.join(timeout=5)
     return items
+
+
+def _next_item(out, procs: list, timeout_s: float = 300.0, poll_s: float = 0.5):
+    """The next item on ``out``; raises RuntimeError as soon as one of ``procs`` has died
+    (a non-zero exit code: its traceback is on stderr) rather than waiting out the
+    timeout for items it will never put, and TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return out.get(timeout=poll_s)
+        except queue.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(procs)
+                    if p.exitcode is not None and p.exitcode != 0]
+            if dead:
+                raise RuntimeError("calibration process(es) died: " + ", ".join(
+                    f"rank {r} (exit code {code})" for r, code in dead)) from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no result from the calibration processes in "
+                                   f"{timeout_s:.0f} s") from None
 
 
 def _on_cores(cores: dict[int, set[int]] | None, target, rank: int, *args) -> None:

@@ -121,18 +121,35 @@ def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
     return orders
 
 
+def directional_groups() -> tuple[Any, Any]:
+    """``(up, down)``: two process groups of every rank, messages to a higher rank over
+    the first, to a lower rank over the second (:class:`executor.transport.DistTransport`).
+    Every rank calls it, in the same order (a collective).
+
+    Why: with gloo a group's two ranks share one TCP connection, and two messages that
+    cross on it (each rank sending to the other at once, receives posted) both waited a
+    scheduler tick in most crossings.  Measured, two pinned ranks crossing 2 x 16 KiB,
+    2 x 128 KiB or 1 MiB each way 55 times (``experiments/crossing_messages.py``): 2.4-2.8 ms
+    median from post to both received over one connection, 0.14-0.6 ms over one per
+    direction; in the CPU grid's U-Net 1F1B [8,5] m=16 such crossings held both ranks
+    4 ms a few times an iteration."""
+    return dist.new_group(), dist.new_group()
+
+
 def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.Tensor,
              targets: torch.Tensor, plan: Plan, *, schedule: Schedule | None = None,
              device: torch.device | str = "cpu", iterations: int = 5, warmup: int = 2,
              timeout_s: float = 120.0, fail_at: str | None = None,
              return_grads: bool = False, track_memory: bool = True,
-             tags: bool | None = None) -> RankResult:
+             tags: bool | None = None, groups: tuple[Any, Any] = (None, None)) -> RankResult:
     """Run this rank's part of ``schedule`` (process group already initialised).
 
     Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
     the last stage's rank the targets.  Gradients are cleared before each iteration.
     ``tags`` (default: unless the backend is NCCL) tells messages apart by tag; without,
     each peer's messages are received in the order it sends them (:func:`send_order`).
+    ``groups``: the process groups of messages up and down (:func:`directional_groups`;
+    the default group for both unless given).
     """
     schedule = schedule or build_schedule(plan)
     check_inputs(module, plan, schedule, inputs.shape[0])
@@ -146,7 +163,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         tags = dist.get_backend() != "nccl"
     transport = DistTransport(rank, schedule.placement, plan.n_microbatches, device, timeout_s,
                               skip_names=tuple(name for name, _, _ in skips), tags=tags,
-                              send_order=None if tags else send_order(schedule, skips, rank))
+                              send_order=None if tags else send_order(schedule, skips, rank),
+                              groups=groups)
     rows: list[tuple] = []
     losses: list[float] = []
     walls: list[float] = []
@@ -260,7 +278,7 @@ def rank_cores(world: int) -> dict[int, set[int]]:
     Unpinned on a 2-core VM, the operating system places a rank's threads where it likes,
     and in some iterations every message lands 2-5 ms after its post instead of 0.2-0.6 ms
     (a woken receiver or gloo's I/O thread behind the other rank's compute, presumably);
-    pinned, that mode is rare: ``experiments/pinning.py`` (median message 0.27-2.6 ms
+    pinned, that mode is rare: ``experiments/executor_options.py`` (median message 0.27-2.6 ms
     unpinned, 0.14-0.60 ms pinned; U-Net 1F1B [8,5] at 16 micro-batches 94.6 -> 81.1 ms
     an iteration, 2026-11-24).
     """
@@ -288,6 +306,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world,
                                 timeout=timedelta(seconds=options.get("timeout_s", 120)))
+        groups = (directional_groups() if options.get("directional_groups", True)
+                  else (None, None))
         module, loss_fn, inputs, targets = job()
         for index, (plan, schedule) in enumerate(runs):
             result = run_rank(rank, module, loss_fn, inputs[: plan.batch_size],
@@ -298,7 +318,7 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               fail_at=options.get("fail_at", {}).get(rank),
                               return_grads=options.get("return_grads", False),
                               track_memory=options.get("track_memory", True),
-                              tags=options.get("tags"))
+                              tags=options.get("tags"), groups=groups)
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
     except BaseException as exc:
@@ -321,8 +341,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 iterations: int | Sequence[int] = 5, warmup: int = 2, threads_per_rank: int = 1,
                 pin_cores: bool = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
-                track_memory: bool = True,
-                tags: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
+                track_memory: bool = True, tags: bool = True,
+                directional: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
     Starting processes and the process group costs seconds, so grids share them.  Each
@@ -331,6 +351,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     share of this process's CPUs; ``tags=False`` receives in send order as on NCCL (the
     same code path, testable on gloo).  ``iterations`` is one count for every plan or one
     per plan (a short plan measured over more iterations: the same seconds of the run).
+    ``directional`` sends messages up and down over groups of their own
+    (:func:`directional_groups`; ``False``: every message over the default group).
     """
     schedules = schedules or [None] * len(plans)
     counts = [iterations] * len(plans) if isinstance(iterations, int) else list(iterations)
@@ -344,7 +366,7 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     world = worlds.pop()
     options = {"iterations": counts, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
-               "track_memory": track_memory, "tags": tags}
+               "track_memory": track_memory, "tags": tags, "directional_groups": directional}
     if pin_cores:
         options["cores"] = rank_cores(world)
     ctx = mp.get_context("spawn")

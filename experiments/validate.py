@@ -87,7 +87,7 @@ def main() -> None:
     # pinned by default: five pinned grids on 2026-11-24 scattered 5.7% around each plan's
     # pooled error (median over plans, grid_history.py) where unpinned runs of the same
     # day gave 11.5-15.9%; unpinned, messages of some iterations land 2-5 ms late
-    # (executor.distributed.rank_cores, experiments/pinning.py)
+    # (executor.distributed.rank_cores, experiments/executor_options.py)
     ap.add_argument("--pin", action=argparse.BooleanOptionalAction, default=True,
                     help="each rank on its own cores, in the calibration too (default; "
                     "--no-pin leaves placement to the operating system)")

@@ -1,10 +1,12 @@
 """Pinned ranks: each process of a run, and of the calibration that predicts it, on its own
-cores -- the same cores for both (``executor.distributed.rank_cores``)."""
+cores -- the same cores for both (``executor.distributed.rank_cores``); and the
+calibration's processes end it with an error when one dies."""
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -34,3 +36,18 @@ def test_calibration_processes_run_on_the_ranks_cores_when_pinned():
     assert pinned == {r: sorted(c) for r, c in rank_cores(2).items()}
     free = dict(_gather(_report_cores, 2, (), expected=2))
     assert all(set(c) == os.sched_getaffinity(0) for c in free.values())
+
+
+def _one_dies(rank: int, out) -> None:
+    if rank == 1:
+        raise SystemExit(3)
+    out.put(rank)
+
+
+def test_a_dead_calibration_process_ends_the_calibration_at_once():
+    # rank 1 dies before putting its item: the calibration raises, naming it, instead of
+    # waiting out its five-minute timeout for an item that will never come
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 1 \(exit code 3\)"):
+        _gather(_one_dies, 2, (), expected=2)
+    assert time.monotonic() - t0 < 60  # stops, does not hang (not a speed target)
