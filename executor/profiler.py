@@ -186,25 +186,10 @@ def _time_split(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
             "w_pending_bytes": float(pending), "w_received_bytes": float(aliased)}
 
 
-def _warm_up(run: Callable[[], torch.Tensor], grad: torch.Tensor | None) -> None:
-    """``run`` (a forward) and its backward once, untimed: what a pipeline stage's core
-    did just before its next action (the same stage's work), so that the timed run after
-    it finds the caches, the allocator and the branch predictors as a running stage does.
-
-    Why: a stage pinned to its core runs nothing but its own layers; the profile's passes
-    go round every layer and size.  Measured (2026-11-24, CPU, five pinned grids), a stage's
-    forward at 2 samples took 0.54 (MLP), 0.75 (GPT), 0.85 (U-Net) of its cold profiled
-    seconds, the ratio rising to 1 at 32 samples; the same whole MLP forward at 2 samples
-    timed right after its own forward and backward took 0.66 of the cold timing."""
-    out = run()
-    if out.requires_grad:
-        _backward(out, grad if grad is not None or out.numel() == 1 else torch.ones_like(out))
-
-
 def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
                target: torch.Tensor, grads: list[torch.Tensor | None],
-               device: torch.device, checkpointed: bool, split: bool = False,
-               warm: bool = True) -> list[dict[str, float]]:
+               device: torch.device, checkpointed: bool, split: bool = False
+               ) -> list[dict[str, float]]:
     """One pass over all layers: each layer's forward then its backward, timed alone.
 
     The first layer's input is data (no gradient), as on a pipeline's first stage.
@@ -213,8 +198,6 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
     the same layer run inside ``torch.utils.checkpoint`` as the executor runs a
     checkpointed stage (``ckpt_fwd_s``; ``ckpt_bwd_s`` recomputes, then back-propagates),
     and, if ``split``, the backward's two halves (``bwd_input_s``, ``bwd_weight_s``).
-    With ``warm``, each layer's timed forward follows an untimed forward and backward of
-    the same layer (:func:`_warm_up`); the variants after it follow the layer's own work.
     """
     times = []
     for i, layer in enumerate(layers):
@@ -223,9 +206,6 @@ def _time_pass(layers: list[nn.Module], x: torch.Tensor, loss_fn: LossFn | None,
         if i > 0 and x.is_floating_point():
             x.requires_grad_(True)
         grad = None if last else grads[i]
-        if warm:
-            _warm_up(functools.partial(_run_layer, layer, x, loss_fn if last else None, target),
-                     grad)
         fwd, bwd = Stopwatch(device), Stopwatch(device)
         synchronize(device)
         with fwd.region():
@@ -278,13 +258,9 @@ def _time_whole_split(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | N
 
 def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
                 target: torch.Tensor, grad: torch.Tensor | None,
-                device: torch.device, checkpointed: bool = False,
-                warm: bool = False) -> tuple[float, float]:
+                device: torch.device, checkpointed: bool = False) -> tuple[float, float]:
     """Forward and backward seconds of the whole model on ``x`` (data: no input gradient);
-    with ``checkpointed``, the model run as one ``torch.utils.checkpoint`` call; with
-    ``warm``, right after an untimed forward and backward of it (:func:`_warm_up`)."""
-    if warm:
-        _warm_up(functools.partial(_run_layer, model, x.detach(), loss_fn, target), grad)
+    with ``checkpointed``, the model run as one ``torch.utils.checkpoint`` call."""
     fwd, bwd = Stopwatch(device), Stopwatch(device)
     synchronize(device)
     with fwd.region():
@@ -366,7 +342,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
             checkpointed: bool = True, split: bool = True, streams: int = 0,
-            interpreter: bool = False, repeated: bool = False, warm: bool = True,
+            interpreter: bool = False, repeated: bool = False,
             meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
@@ -392,12 +368,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     model's forwards back to back and backwards back to back (:func:`_time_whole_repeated`,
     ``whole_model[size]["fwd_repeat_s"/"bwd_repeat_s"]``, read by
     :meth:`pipesim.Profile.repeat_factor`; a measurement the simulator does not apply, and
-    half again the profiling time).  ``warm`` (the default) times each layer, and the whole
-    model, right after an untimed forward and backward of the same (:func:`_warm_up`), as
-    a pipeline stage runs on its core after its own previous action; ``warm=False`` is
-    the cold timing of earlier profiles (each layer right after the one before it, the
-    passes going round the sizes), which over-states small micro-batches' forwards
-    (``meta["warm"]`` says which).  Returns a :class:`pipesim.Profile`;
+    half again the profiling time).  Returns a :class:`pipesim.Profile`;
     ``meta`` adds to its metadata.  Sets this process's host allocator policy
     (:func:`executor.host_allocator.retain_freed_memory`), as the pipelines do.
     """
@@ -458,9 +429,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             for b in sizes:
                 x0, target, grads, _ = prepared[b]
                 times = _time_pass(layers, x0, loss_fn, target, grads, device, checkpointed,
-                                   split, warm)
-                w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device,
-                                                   warm=warm)
+                                   split)
+                w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device)
                 if checkpointed:
                     w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
                 if split:
@@ -503,8 +473,6 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         "repeats": repeats,
         "warmup": warmup,
         "repetition": "passes over all layers, round the sizes",
-        # each timing right after an untimed run of the same work (see _warm_up)
-        "warm": warm,
         # the whole model's forward/backward at each size, timed in the same passes: the
         # Profile uses it to remove the cost of timing layers one by one (see Profile)
         "whole_model": whole_model,

@@ -143,14 +143,11 @@ def main() -> None:
         job = functools.partial(builtin_job, name, BATCH, **sizes_of_model)
         module, loss_fn, x, y = job()
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
-        def take_profile(warm: bool = True, module=module, loss_fn=loss_fn, x=x, y=y,
-                         sizes=sizes, name=name):
+        def take_profile(module=module, loss_fn=loss_fn, x=x, y=y, sizes=sizes, name=name):
             return profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
-                           progress=False, warm=warm, meta={"model": name})
+                           progress=False, meta={"model": name})
 
-        # warm (each timing after the same work, as a stage's core runs it) and, for the
-        # ablation cold_profile, cold (the profiles before 2026-11-24's warm-up)
-        before, before_cold = take_profile(), take_profile(warm=False)
+        before = take_profile()
         # the ablation model_contention: contention measured on this model's own layers
         # (forward+backward of the whole model at a quarter of the batch, two processes
         # alone and together in alternation, one step a phase)
@@ -180,11 +177,9 @@ def main() -> None:
         # profiled again once the runs are done: the prediction uses the mean of the two,
         # the machine's speed as the runs found it on average (this shared VM drifts by
         # 10-20% over minutes); how far the two apart is the run's profile drift
-        after_cold, after = take_profile(warm=False), take_profile()
+        after = take_profile()
         prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
-        cold = Profile.mean([before_cold, after_cold], source=f"profile_{tag}_{name}_cold.csv")
-        cold.save(results / f"profile_{tag}_{name}_cold.csv")
         drifts[name] = profile_drift(before, after)
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
@@ -208,7 +203,6 @@ def main() -> None:
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
                          wakeup_gap_s=None)),
                      "profile_before": (before, model_cluster),
-                     "cold_profile": (cold, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
         per_model[name] = per_model_figures(table, traces)
