@@ -17,6 +17,7 @@ from executor.models import builtin_job
 from executor.partition import split_module
 from executor.pipeline import Pipeline
 from executor.stage import ActionFailed
+from executor.transport import DistTransport
 from pipesim import PlanError
 from pipesim.plan import Plan
 from pipesim.schedule import Schedule, build_schedule, zero_bubble_order
@@ -66,14 +67,16 @@ def test_threads_gradients_equal_unpipelined(model, sizes, schedule, balance, v,
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tags", [True, False], ids=["tags", "send-order (NCCL path)"])
-def test_processes_gradients_equal_unpipelined(tags):
+@pytest.mark.parametrize("tags, directional", [(True, True), (False, True), (True, False)],
+                         ids=["tags", "send-order (NCCL path)", "one group both ways"])
+def test_processes_gradients_equal_unpipelined(tags, directional):
     job = functools.partial(builtin_job, "mlp", BATCH, dtype="float64", **MLP)
     ref_loss, ref_grads = reference(job)
     plans = [Plan(b, 4, BATCH, checkpoint=mode, schedule=s, virtual_stages=v)
              for s, b, v in PLANS for mode in MODES if len(b) // v == 2]  # two ranks
     for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=1, warmup=0,
-                                                        return_grads=True, tags=tags),
+                                                        return_grads=True, tags=tags,
+                                                        directional=directional),
                                      strict=True):
         assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
         grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
@@ -81,6 +84,16 @@ def test_processes_gradients_equal_unpipelined(tags):
         for name, g in grads.items():
             assert torch.allclose(g, ref_grads[name], rtol=1e-12, atol=1e-12), (plan.label(), name)
         assert set(result.trace.actions.device) == {0, 1}
+
+
+def test_messages_up_and_down_take_a_group_each():
+    # a rank's sends to a higher rank and its receives from a lower one share the "up"
+    # group; the other direction the "down" group: two ranks sending to each other at
+    # once then use two connections (executor.distributed.directional_groups)
+    transport = DistTransport(1, (0, 1, 2), 4, torch.device("cpu"), groups=("up", "down"))
+    assert [transport._group(1, 2), transport._group(0, 1)] == ["up", "up"]
+    assert [transport._group(1, 0), transport._group(2, 1)] == ["down", "down"]
+    assert DistTransport(0, (0, 1), 4, torch.device("cpu"))._group(0, 1) is None  # default
 
 
 def test_each_plan_runs_its_own_number_of_iterations():
