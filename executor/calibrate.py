@@ -359,15 +359,20 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
     alternation: each round has a phase per rank in which that rank computes ``steps``
     steps while the others wait at the barrier, then one in which all compute and pass an
     activation-sized tensor round a ring over gloo after every step, as pipeline ranks do
-    (their communication threads share the cores too).  Only the compute is timed."""
+    (their communication threads share the cores too; messages up and down over a group
+    each, as the pipelines send them).  Only the compute is timed."""
+    from executor.distributed import directional_groups
+
     torch.set_num_threads(1)
     retain_freed_memory()
+    up = down = None
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
+        up, down = directional_groups()
     module, loss_fn, x, y = job()
     message, inbox = torch.randn(8, 256), torch.empty(8, 256)
-    peer = (rank + 1) % world
+    peer, source = (rank + 1) % world, (rank - 1) % world
     for _ in range(5):
         loss_fn(module(x), y).backward()
     alone: list[float] = []
@@ -382,8 +387,8 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
                 loss_fn(module(x), y).backward()
                 (together if phase == world else alone).append(time.perf_counter() - t0)
                 if phase == world and world > 1:
-                    sent = dist.isend(message, peer)
-                    got = dist.irecv(inbox, (rank - 1) % world)
+                    sent = dist.isend(message, peer, group=up if rank < peer else down)
+                    got = dist.irecv(inbox, source, group=up if source < rank else down)
                     for work in (sent, got):
                         if work is not None:
                             work.wait()
