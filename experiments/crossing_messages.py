@@ -14,7 +14,7 @@ done, rounds over 2 ms): one connection 2 x 16 KiB 2.7 / 4.2 ms (30 of 55), 2 x 
 2.8 / 3.4 ms (44), 1 MiB 2.5 / 3.8-4.4 ms (40-45); a connection per direction 0.15 /
 0.17 ms (0), 0.20 / 0.27-0.29 ms (0-1), 0.5-0.6 / 1.0-3.5 ms (1-7).
 
-    python experiments/crossing_messages.py [--rounds 60]
+    python experiments/crossing_messages.py [--rounds 60] [--subdir gpu]
 Writes experiments/results/crossing_messages.csv (one row per case and rank) and .json.
 """
 
@@ -80,6 +80,7 @@ def _cross(rank: int, port: int, nbytes: int, count: int, directional: bool, rou
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=60)
+    ap.add_argument("--subdir", default="", help="results sub-folder (gpu on that machine)")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores: one per rank")
@@ -93,7 +94,8 @@ def main() -> None:
                              "connections": "directional" if directional else "one", **item})
                 print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    write_results("crossing_messages", table, {**machine(), "rounds": args.rounds})
+    write_results("crossing_messages", table, {**machine(), "rounds": args.rounds},
+                  args.subdir)
     with pd.option_context("display.width", 160):
         print(table.groupby(["bytes", "messages", "connections"])
               [["isend_ms", "done_ms", "done_p90_ms", "over_2ms"]].median().round(3).to_string())

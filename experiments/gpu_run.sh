@@ -6,15 +6,18 @@
 #   bash experiments/gpu_run.sh cpu16 [--models mlp,gpt]  # 4 and 8 pinned processes
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
+#   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
 # On the lent machine (10 minutes a call, 30 a session; each command under `timeout`):
 #   call 1: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer; first
-#           since the CPU ranks now keep the memory they free: 17% median there before)
+#           since the CPU ranks now keep the memory they free: 17% median there before; and
+#           since messages up and down take a connection each: crossing messages waited
+#           2.4-2.8 ms on one connection on the 2-core VM)
 #   call 2: tests, then gpu --stages 2      (about 1 + 7 minutes; the grid also predicts every
 #           plan as threads of one process: predicted_ms_threads_interpreter, the interpreter
 #           for forwards and autograd's engine thread for backwards; its allocator snapshots,
 #           free of the profiler's leaked streams now, check the reserved-memory estimate
 #           independently: python experiments/reserved_evidence.py afterwards)
-#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 2 left)
+#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 2 left), crossing
 # and carry .whl (simpy) and experiments/results/gpu from the previous call's tgz.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
 # the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
@@ -42,10 +45,11 @@ run() {
         gpu)   python3 experiments/gpu_validate.py --out "$RESULTS" "$@" ;;
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
+        crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
         cpu16) for n in 4 8; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
                done ;;
-        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads or cpu16)" >&2; return 2 ;;
+        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing or cpu16)" >&2; return 2 ;;
     esac
 }
 # The work runs in the background and this shell waits for it, so that a `timeout` (TERM)
