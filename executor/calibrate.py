@@ -33,7 +33,7 @@ import torch.multiprocessing as mp
 
 from executor.host_allocator import retain_freed_memory
 from executor.models import builtin_job
-from executor.transport import _work
+from executor.transport import _work, message_group
 from pipesim.cluster import Cluster, Device, Link
 from pipesim.plan import Plan
 
@@ -365,11 +365,11 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
 
     torch.set_num_threads(1)
     retain_freed_memory()
-    up = down = None
+    groups = (None, None)
     if world > 1:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=60))
-        up, down = directional_groups()
+        groups = directional_groups()
     module, loss_fn, x, y = job()
     message, inbox = torch.randn(8, 256), torch.empty(8, 256)
     peer, source = (rank + 1) % world, (rank - 1) % world
@@ -387,8 +387,8 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
                 loss_fn(module(x), y).backward()
                 (together if phase == world else alone).append(time.perf_counter() - t0)
                 if phase == world and world > 1:
-                    sent = dist.isend(message, peer, group=up if rank < peer else down)
-                    got = dist.irecv(inbox, source, group=up if source < rank else down)
+                    sent = dist.isend(message, peer, group=message_group(groups, rank, peer))
+                    got = dist.irecv(inbox, source, group=message_group(groups, source, rank))
                     for work in (sent, got):
                         if work is not None:
                             work.wait()

@@ -127,11 +127,12 @@ def directional_groups() -> tuple[Any, Any]:
     Every rank calls it, in the same order (a collective).
 
     Why: with gloo a group's two ranks share one TCP connection, and two messages that
-    cross on it (each rank sending to the other at once, receives posted) both waited a
-    scheduler tick in most crossings.  Measured, two pinned ranks crossing 2 x 16 KiB,
-    2 x 128 KiB or 1 MiB each way 55 times (``experiments/crossing_messages.py``): 2.4-2.8 ms
-    median from post to both received over one connection, 0.14-0.6 ms over one per
-    direction; in the CPU grid's U-Net 1F1B [8,5] m=16 such crossings held both ranks
+    cross on it (each rank sending to the other at once, receives posted) are often held
+    up to a scheduler tick.  Two pinned ranks crossing 2 x 16 KiB, 128 KiB, 2 x 128 KiB or
+    1 MiB each way, 55 rounds (``experiments/crossing_messages.py``, 2-core VM): over one
+    connection 17-38 rounds took over 2 ms from post to both received (p90 3.0-5.5 ms;
+    median 2.3-2.8 ms for the two larger cases), over one per direction 0-6 (p90
+    0.18-2.3 ms); in the CPU grid's U-Net 1F1B [8,5] m=16 such crossings held both ranks
     4 ms a few times an iteration."""
     return dist.new_group(), dist.new_group()
 

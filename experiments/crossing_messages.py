@@ -9,10 +9,11 @@ first post to both done.  ``one`` sends both ways over the default group (one TC
 connection per pair), ``directional`` over a group per direction
 (:func:`executor.distributed.directional_groups`).
 
-Seen on this project's 2-core VM (2026-11-24, 55 rounds; median / p90 from post to
-done, rounds over 2 ms): one connection 2 x 16 KiB 2.7 / 4.2 ms (30 of 55), 2 x 128 KiB
-2.8 / 3.4 ms (44), 1 MiB 2.5 / 3.8-4.4 ms (40-45); a connection per direction 0.15 /
-0.17 ms (0), 0.20 / 0.27-0.29 ms (0-1), 0.5-0.6 / 1.0-3.5 ms (1-7).
+Seen on this project's 2-core VM (2026-11-24, 55 rounds, per rank; median / p90 from
+post to done, rounds over 2 ms): one connection 2 x 16 KiB 0.17-0.21 / 3.0 ms (23-25),
+128 KiB 0.16 / 3.9 ms (17-18), 2 x 128 KiB 2.7 / 5.3 ms (34-35), 1 MiB 2.3-2.4 / 5.4-5.5 ms
+(36-38); a connection per direction 0.13-0.14 / 0.18 ms (0), 0.12-0.13 / 0.19 ms (0-1),
+0.20 / 0.24-0.31 ms (0-2), 0.69-0.77 / 0.95-2.3 ms (3-6).
 
     python experiments/crossing_messages.py [--rounds 60] [--subdir gpu]
 Writes experiments/results/crossing_messages.csv (one row per case and rank) and .json.
