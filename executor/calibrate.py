@@ -70,13 +70,14 @@ def _next_item(out, procs: list, timeout_s: float = 300.0, poll_s: float = 0.5):
     """The next item on ``out``; raises RuntimeError as soon as one of ``procs`` has died
     (a non-zero exit code: its traceback is on stderr) rather than waiting out the
     timeout for items it will never put, and TimeoutError after ``timeout_s``."""
+    from executor.distributed import dead_ranks
+
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             return out.get(timeout=poll_s)
         except queue.Empty:
-            dead = [(r, p.exitcode) for r, p in enumerate(procs)
-                    if p.exitcode is not None and p.exitcode != 0]
+            dead = dead_ranks(procs)
             if dead:
                 raise RuntimeError("calibration process(es) died: " + ", ".join(
                     f"rank {r} (exit code {code})" for r, code in dead)) from None

@@ -327,6 +327,15 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                                     f"{traceback.format_exc(limit=4)}"))
 
 
+def dead_ranks(procs: Sequence[Any], finished: set[int] | frozenset[int] = frozenset()
+               ) -> list[tuple[int, int]]:
+    """``(rank, exit code)`` of each process of ``procs`` (index = rank) that ended with a
+    non-zero exit code, ranks in ``finished`` (all their results in) left out: what a
+    parent waiting on its ranks' results checks so that it raises instead of waiting."""
+    return [(r, p.exitcode) for r, p in enumerate(procs)
+            if p.exitcode not in (None, 0) and r not in finished]
+
+
 def spawn(job: Job, plan: Plan, *, schedule: Schedule | None = None,
           **options) -> tuple[RunResult, dict[int, RankResult]]:
     """Start one process per rank on this machine (gloo, CPU), run ``plan``, gather a Trace.
@@ -387,11 +396,10 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 status, rank, payload = results.get(timeout=0.2)
             except queue.Empty:
                 finished = {r for r, _ in done if sum(1 for q, _ in done if q == r) == len(runs)}
-                dead = [r for r, p in enumerate(procs)
-                        if p.exitcode not in (None, 0) and r not in finished]
+                dead = dead_ranks(procs, finished)
                 if dead:
-                    raise RankFailed(f"rank {dead[0]} died with exit code "
-                                     f"{procs[dead[0]].exitcode}") from None
+                    raise RankFailed(f"rank {dead[0][0]} died with exit code "
+                                     f"{dead[0][1]}") from None
                 if time.monotonic() > deadline:
                     raise RankFailed("ranks did not finish in time; still waiting for "
                                      f"{expected - len(done)} results") from None

@@ -157,10 +157,9 @@ class DistTransport(Transport):
 
     ``groups`` = ``(up, down)``: messages to a higher rank go over ``up``, to a lower rank
     over ``down`` (:func:`executor.distributed.directional_groups`: with gloo, a TCP
-    connection per direction).  Two ranks that send to each other at once -- a 1F1B
+    connection per direction): two ranks that send to each other at once -- a 1F1B
     stage's forward output crossing its neighbour's gradient -- then do not share one
-    connection, on which a third to two thirds of such crossings held both messages 2-5 ms
-    (up to a scheduler tick).
+    connection (why, measured: :func:`executor.distributed.directional_groups`).
     """
 
     def __init__(self, rank: int, placement: tuple[int, ...], n_microbatches: int,

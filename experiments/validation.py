@@ -212,6 +212,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
+
     def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
         """The readings before and after model i's grid, where the run took them."""
         return values[i:i + 2] if values and len(values) > i + 1 else otherwise
