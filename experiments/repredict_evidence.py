@@ -50,6 +50,10 @@ from pipesim.trace import Trace, metrics
 
 EVIDENCE = ROOT.parent / "shared" / "evidence" / "h100-2026-11-22"
 
+#: the project's latest GPU run (2026-11-23 on an H100: the same grid, the executor's
+#: long-lived workers, the measured concurrency law, each plan's memory freed before the next)
+LATEST_GPU = ROOT / "experiments" / "results" / "gpu"
+
 Model = tuple[Profile, Cluster]
 
 
@@ -76,7 +80,8 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
                                     if "host_bwd_s" in p.table and _on_gpu(c) else None),
     # + a forward's host issue holding the interpreter (no share was measured in these
     # runs: assumed from the host columns, as forwards hold it wholly on CPU threads; a
-    # checkpointed forward's hooks too)
+    # checkpointed forward's hooks too, and the recomputation autograd's thread runs for
+    # a checkpointed backward)
     "threads_host_gil": lambda p, c: ((_with_host_shares(_without_law(p)), _threads(c))
                                       if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table
                                       and _on_gpu(c) else None),
@@ -120,6 +125,53 @@ def _with_host_times(profile: Profile, folder: Path) -> Profile:
     return Profile(merged.drop(columns=["fwd", "bwd"]), profile.meta, profile.source)
 
 
+#: the profile columns that time each layer inside torch.utils.checkpoint
+CHECKPOINT_COLUMNS = ("ckpt_fwd_s", "ckpt_bwd_s")
+
+
+def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
+    """``profile`` with the checkpoint's own seconds (``ckpt_fwd_s``/``ckpt_bwd_s``) where
+    it lacks them, from the profile ``other`` of the same model on the same kind of GPU.
+
+    The 2026-11-22 traces were profiled before the profiler timed layers inside
+    torch.utils.checkpoint; the 2026-11-23 profile of the same model (same layers, bytes,
+    dtype, GPU and torch) did.  What the checkpoint adds is host work (its Python hooks,
+    the random state), so each layer's extra seconds at each size (``ckpt_fwd_s - fwd_s``,
+    ``ckpt_bwd_s - fwd_s - bwd_s``) are carried over, added to this profile's own
+    ``fwd_s`` and ``bwd_s``; likewise the whole model's, checkpointed as one call, so
+    that a stage pays the checkpoint's entry once, not once a layer
+    (:meth:`Profile.isolation_excess`).  A profile that has the columns, or an ``other``
+    of another shape, is returned unchanged."""
+    if all(c in profile.table for c in CHECKPOINT_COLUMNS) or not other.exists():
+        return profile
+    donor = Profile.load(other)
+    theirs = donor.table
+    keys = ["layer", "micro_batch"]
+    if not all(c in theirs for c in CHECKPOINT_COLUMNS) or len(theirs) != len(profile.table):
+        return profile
+    extra = theirs.assign(fwd_extra=theirs.ckpt_fwd_s - theirs.fwd_s,
+                          bwd_extra=theirs.ckpt_bwd_s - theirs.fwd_s - theirs.bwd_s)
+    merged = profile.table.merge(extra[[*keys, "param_bytes", "fwd_extra", "bwd_extra"]],
+                                 on=keys, how="left", suffixes=("", "_other"))
+    if merged.fwd_extra.isna().any() or (merged.param_bytes != merged.param_bytes_other).any():
+        return profile
+    merged["ckpt_fwd_s"] = merged.fwd_s + merged.fwd_extra.clip(lower=0.0)
+    merged["ckpt_bwd_s"] = merged.fwd_s + merged.bwd_s + merged.bwd_extra.clip(lower=0.0)
+    table = merged.drop(columns=["param_bytes_other", "fwd_extra", "bwd_extra"])
+    # and the whole model checkpointed as one call (the profiler's isolation correction:
+    # a stage enters the checkpoint once, not once a layer)
+    whole = {size: dict(times) for size, times in profile.meta.get("whole_model", {}).items()}
+    their_whole = donor.meta.get("whole_model", {})
+    for size, times in whole.items():
+        t = their_whole.get(size, {})
+        if "ckpt_fwd_s" in t and "ckpt_bwd_s" in t:
+            times["ckpt_fwd_s"] = times["fwd_s"] + max(t["ckpt_fwd_s"] - t["fwd_s"], 0.0)
+            times["ckpt_bwd_s"] = times["fwd_s"] + times["bwd_s"] + max(
+                t["ckpt_bwd_s"] - t["fwd_s"] - t["bwd_s"], 0.0)
+    meta = {**profile.meta, "whole_model": whole, "checkpoint_costs_from": str(other)}
+    return Profile(table, meta, profile.source)
+
+
 def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
     m = metrics(simulate(profile, plan, cluster, track_memory=False))
     return m.iteration_time_s, m.mean_bubble
@@ -152,7 +204,9 @@ def traces(evidence: Path) -> list[dict]:
         if not folder.is_dir():
             continue
         model, dtype = folder.name.split("_")
-        profile = _with_host_times(Profile.load(folder / "profile.csv"), folder)
+        profile = _with_checkpoint_costs(
+            _with_host_times(Profile.load(folder / "profile.csv"), folder),
+            LATEST_GPU / f"profile_{model}_{dtype}.csv")
         cluster = Cluster.load(folder / "cluster.json")
         for run in sorted(p for p in folder.iterdir() if p.is_dir()):
             measured = Trace.load(run, "measured")
@@ -167,10 +221,6 @@ def grid_2stages(evidence: Path) -> list[dict]:
     """Rows for the 240-plan GPU grid of the evidence (iteration times: no traces kept)."""
     return _gpu_grid("grid_2stages", evidence / "grid_2stages")
 
-
-#: the project's latest GPU run (2026-11-23 on an H100: the same grid, the executor's
-#: long-lived workers, the measured concurrency law, each plan's memory freed before the next)
-LATEST_GPU = ROOT / "experiments" / "results" / "gpu"
 
 
 def grid_gpu_results(_evidence: Path) -> list[dict]:

@@ -31,6 +31,14 @@ an accelerator are issued by autograd's one thread for that device instead (its
     worker 1   B(1, m')      |===....===|     and the engine's issue, one at a time:
     engine     0 0 0 0 1 0 1 0 1 1 1 1        each waits for the other's share
 
+A checkpointed backward there first recomputes: torch.utils.checkpoint re-runs the
+forward from the engine's thread, Python that holds the interpreter as a forward does,
+so it takes turns with the other threads' forwards, and the backward proper follows::
+
+    worker 0   F(0, m+1)  |====----====|         forward issue under the interpreter
+    worker 1   B(1, m)    |R--==--==|=B=====|    R: its recomputation, engine and
+    interpreter           0 0 1 0 1 0 1          interpreter both, in turn with F
+
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
     static      parameters + optimizer state, from time 0
@@ -251,31 +259,48 @@ class _Run:
                 seconds *= jitter.stragglers.get(w, 1.0)
                 if jitter.sigma:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
-            work = timeout(seconds) if sharing is None else sharing.run(seconds)
             scale = seconds / step.seconds if step.seconds else 1.0
+            recomputed = -1.0  # when its recomputation ended, where the engine ran it apart
             if engine is not None and step.engine_s:
                 # a backward on an accelerator ends when its work is done and autograd's
                 # thread for the device has issued it, in turn with the other threads'
                 # backwards: for the measured share where the profile has one (two threads'
                 # backwards on one device measured together are this thread's turns), else
                 # for its host seconds
-                held = step.interpreter_s or step.engine_s
-                yield simpy.AllOf(env, [work, engine.run(held * scale, step.interpreter_slowdown)])
+                held = (step.interpreter_s or step.engine_s) * scale
+                if interpreter is not None and step.engine_interpreter_s:
+                    # checkpointed: autograd's thread first re-runs the forward, Python that
+                    # holds the interpreter as a forward does (in turn with the other
+                    # threads' forwards), then issues the backward proper
+                    r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
+                    yield simpy.AllOf(env, [
+                        timeout(r) if sharing is None else sharing.run(r),
+                        engine.run(r_held, step.interpreter_slowdown),
+                        interpreter.run(step.engine_interpreter_s * scale,
+                                        step.interpreter_slowdown)])
+                    seconds, held = seconds - r, max(held - r_held, 0.0)
+                    recomputed = env.now
+                work = timeout(seconds) if sharing is None else sharing.run(seconds)
+                yield simpy.AllOf(env, [work, engine.run(held, step.interpreter_slowdown)])
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
+                work = timeout(seconds) if sharing is None else sharing.run(seconds)
                 yield simpy.AllOf(env, [work, interpreter.run(step.interpreter_s * scale,
                                                               step.interpreter_slowdown)])
             else:
-                yield work
+                yield timeout(seconds) if sharing is None else sharing.run(seconds)
             end = env.now
+            # the recomputation's end: as timed, else its share of the action
+            r_end = (recomputed if recomputed >= 0 else
+                     start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0))
             if track:
                 for category, nbytes in step.alloc_end:
                     deltas.append((device, end, nbytes, category))
             if track and step.recompute_bytes:
                 # the recomputation re-runs the forward: each layer's saved tensors exist from
                 # the end of its re-run (StageCost.recompute_walk)
-                r_span = (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
+                r_span = r_end - start
                 for t1, share in step.recompute_walk:
                     deltas.append((device, start + r_span * t1, step.recompute_bytes * share,
                                    ACTIVATIONS))
@@ -283,7 +308,7 @@ class _Run:
                 # the backward proper walks back through the stage's layers: each layer's
                 # weight gradients appear as its backward starts (a stage's first backward
                 # allocates them), its saved activations go as it ends (StageCost.backward_walk)
-                back = start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0)
+                back = r_end
                 span = end - back
                 for t0, t1, grad_share, saved_share in step.walk:
                     if step.grads and grad_share:
@@ -293,7 +318,6 @@ class _Run:
                         deltas.append((device, back + span * t1, -step.release * saved_share,
                                        ACTIVATIONS))
             if step.recompute_s:
-                r_end = start + (end - start) * step.recompute_s / step.seconds
                 rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
             rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
             if resource is not None:

@@ -56,6 +56,10 @@ class Step(NamedTuple):
     recompute_bytes: float = 0.0  # activations it recomputes, appearing along recompute_walk
     recompute_walk: tuple[tuple[float, float], ...] = ((0.0, 1.0),)  # see StageCost
     engine_s: float = 0.0  # of ``seconds``, those autograd's device thread spends issuing it
+    #: of ``engine_s``, the recomputation's (torch.utils.checkpoint re-runs the forward from
+    #: autograd's thread), and of those the seconds it holds the process's interpreter
+    engine_recompute_s: float = 0.0
+    engine_interpreter_s: float = 0.0
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -216,18 +220,25 @@ class StepBuilder:
         # torch.utils.checkpoint runs from it (a split backward's I re-runs the forward on
         # the worker's own thread first)
         engine = (seconds - recompute) * c.host_bwd_share
+        engine_recompute = engine_held = 0.0
         if kind == BACKWARD:
-            engine += recompute * c.host_fwd_share
+            engine_recompute = recompute * c.host_fwd_share
+            engine += engine_recompute
+            # the recomputation is a forward in Python, issued from autograd's thread: it
+            # holds the interpreter as a (checkpointed) forward does
+            engine_held = recompute * c.interpreter_fwd_share
         if measured is not None:
-            engine *= measured / seconds if seconds else 1.0
-            seconds, recompute, held = measured, min(recompute, measured), 0.0
+            factor = measured / seconds if seconds else 1.0
+            engine, engine_recompute = engine * factor, engine_recompute * factor
+            seconds, recompute, held, engine_held = measured, min(recompute, measured), 0.0, 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or WHOLE,
                      interpreter_s=held, interpreter_slowdown=c.interpreter_bwd_slowdown,
                      recompute_bytes=c.recompute_bytes - in_place,
-                     recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine)
+                     recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
+                     engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held)
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""

@@ -719,6 +719,39 @@ def test_a_backward_share_measured_on_a_gpu_is_the_engine_threads_turn():
             == pytest.approx(metrics(simulate(measured, plan, cores_apart)).iteration_time_s + B))
 
 
+def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the_interpreter():
+    # two stages as threads on one GPU (streams fully concurrent), 1F1B, 2 micro-batches of
+    # 1 sample, checkpointed: forwards hold the interpreter wholly, backwards are issued by
+    # autograd's thread in a tenth of their seconds -- but their recomputation (F seconds)
+    # is a Python forward that thread runs, under the interpreter too.  At t = 3 F stage
+    # 1's B(1,0) ends its recomputation alone (1 F); at t = 6 F stage 0's B(0,0) recomputes
+    # while stage 1 runs F(1,1): the two take turns, each lasting 2 F.
+    #   stage 0   F00 |F01==|             |R00=|B00 proper|
+    #   stage 1       |F10==|R10|B10 proper|F11=|R11 ...
+    gpu, apart = _two_threads_on_a_gpu()
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
+    meta = {**prof.meta, "interpreter_share": {
+        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
+    shares = Profile(prof.table, meta)
+    plan = Plan([1, 1], 2, 2, checkpoint="always", schedule="1f1b")
+    a = simulate(shares, plan, gpu).actions.set_index(["stage", "kind", "microbatch"])
+    span = a.end - a.start
+    assert span[(1, "R", 0)] == pytest.approx(F)  # alone
+    assert a.start[(0, "R", 0)] == a.start[(1, "F", 1)] == pytest.approx(6 * F)
+    assert span[(0, "R", 0)] == pytest.approx(2 * F)  # beside F(1,1), in turn
+    assert span[(1, "F", 1)] == pytest.approx(2 * F)
+    # the backward proper follows the recomputation: B seconds of device work after it
+    assert a.end[(0, "B", 0)] == pytest.approx(a.end[(0, "R", 0)] + B)
+    # on processes of their own, nothing is shared: every recomputation lasts F
+    own = simulate(shares, plan, apart).actions.query("kind == 'R'")
+    assert (own.end - own.start).tolist() == pytest.approx([F] * 4)
+    # a recomputation outside the interpreter (its forward share 0): no turns
+    free = Profile(prof.table, {**prof.meta, "interpreter_share": {
+        str(b): {"F": 1.0, "B": 0.0, "Fc": 0.0, "Bc": 0.0} for b in prof.micro_batch_sizes}})
+    r = simulate(free, plan, gpu).actions.query("kind == 'R'")
+    assert (r.end - r.start).tolist() == pytest.approx([F] * 4)
+
+
 def test_host_shares_come_from_the_host_columns_and_default_to_the_whole_action():
     prof = uniform_profile(4, sizes=(1, 2))
     plan = Plan([2, 2], 2, 2, checkpoint="never")
