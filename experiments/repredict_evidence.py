@@ -222,7 +222,6 @@ def grid_2stages(evidence: Path) -> list[dict]:
     return _gpu_grid("grid_2stages", evidence / "grid_2stages")
 
 
-
 def grid_gpu_results(_evidence: Path) -> list[dict]:
     """Rows for the project's latest GPU grid, :data:`LATEST_GPU`."""
     return _gpu_grid("gpu_results", LATEST_GPU)

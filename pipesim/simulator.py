@@ -217,6 +217,7 @@ class _Run:
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
         sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
+        progress = env.timeout if sharing is None else sharing.run  # seconds of work -> event
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
         jitter = sim.jitter if self.rng is not None else None
@@ -274,26 +275,24 @@ class _Run:
                     # threads' forwards), then issues the backward proper
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
                     yield simpy.AllOf(env, [
-                        timeout(r) if sharing is None else sharing.run(r),
+                        progress(r),
                         engine.run(r_held, step.interpreter_slowdown),
                         interpreter.run(step.engine_interpreter_s * scale,
                                         step.interpreter_slowdown)])
                     seconds, held = seconds - r, max(held - r_held, 0.0)
                     recomputed = env.now
-                work = timeout(seconds) if sharing is None else sharing.run(seconds)
-                yield simpy.AllOf(env, [work, engine.run(held, step.interpreter_slowdown)])
+                yield simpy.AllOf(env, [progress(seconds), engine.run(held, step.interpreter_slowdown)])
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
-                work = timeout(seconds) if sharing is None else sharing.run(seconds)
-                yield simpy.AllOf(env, [work, interpreter.run(step.interpreter_s * scale,
-                                                              step.interpreter_slowdown)])
+                yield simpy.AllOf(env, [progress(seconds), interpreter.run(
+                    step.interpreter_s * scale, step.interpreter_slowdown)])
             else:
-                yield timeout(seconds) if sharing is None else sharing.run(seconds)
+                yield progress(seconds)
             end = env.now
-            # the recomputation's end: as timed, else its share of the action
-            r_end = (recomputed if recomputed >= 0 else
-                     start + (end - start) * (step.recompute_s / step.seconds if step.seconds else 0))
+            # the recomputation's end: as timed, else its share of the action (none: start)
+            r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s
+                     else start + (end - start) * step.recompute_s / step.seconds)
             if track:
                 for category, nbytes in step.alloc_end:
                     deltas.append((device, end, nbytes, category))
