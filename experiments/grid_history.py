@@ -19,7 +19,8 @@ again from its own profiles and calibration.  Figures: per column, the pooled me
 max |error| (per model too), each run's own, the run-to-run scatter, and Spearman and the
 regret of each run's choice judged by the pooled times (median over runs).
 
-    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]]
+    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
+                                       [--slowdowns run|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -38,7 +39,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import RESULTS, write_results
-from experiments.validation import predict_saved
+from experiments.validation import in_place_slowdowns, predict_saved
 from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -77,14 +78,21 @@ def _git_show(commit: str, path: str) -> bytes:
 
 
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
-              cluster_fields: dict[str, float | None] | None = None) -> pd.DataFrame:
+              cluster_fields: dict[str, float | None] | None = None,
+              slowdowns: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
-    ``cluster_fields`` replaced)."""
+    ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
+    the same with host slowdowns measured in place, from ``slowdowns``, see
+    :func:`experiments.validation.in_place_slowdowns`)."""
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
                  else pd.read_csv(folder / f"validation_{tag}.csv"))
+        if repredict and slowdowns:
+            again = predict_saved(folder, tag, cluster_fields,
+                                  in_place_slowdowns(folder, slowdowns, tag))
+            table["predicted_ms_now_in_place"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -163,7 +171,13 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="with --repredict: replace a field of every run's calibration "
                     "(seconds; 'none' for an unset one), e.g. --set wakeup_gap_s=0.0005")
+    ap.add_argument("--slowdowns", default="", metavar="run|FILE",
+                    help="with --repredict: also predict with host slowdowns measured in place "
+                    "(predicted_ms_now_in_place): 'run' those each run measured, or a file "
+                    "of them (experiments/in_place_contention.py)")
     args = ap.parse_args()
+    if args.slowdowns and not args.repredict:
+        ap.error("--slowdowns needs --repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -177,7 +191,7 @@ def main() -> None:
         folders = list(args.runs) + committed_runs(args.git, Path(tmp), args.tag)
         if not folders:
             ap.error("no runs: give --git N or --runs")
-        runs = load_runs(folders, args.tag, args.repredict, fields)
+        runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

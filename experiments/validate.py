@@ -35,6 +35,7 @@ import torch
 
 from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
+from executor.in_place import stage_contention
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
@@ -131,6 +132,7 @@ def main() -> None:
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
                                  pin_cores=args.pin)]
     model_readings: dict[str, float] = {}
+    in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
@@ -160,6 +162,13 @@ def main() -> None:
                      ("never", "except_last", "always"),
                      schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
+        # the ablation in_place_contention: each balance's stages computing alone and
+        # together in the run's layout, per micro-batch size (executor.in_place)
+        spans = [row for balance in sorted({tuple(p.balance) for p in plans})
+                 for row in stage_contention(job, balance, sorted({b for p in plans
+                                                                   for b in p.micro_batch_sizes}),
+                                             threads=args.threads, pin_cores=args.pin)]
+        in_place[name] = [dataclasses.asdict(row) for row in spans]
 
         # (from the predicted iteration time: once per plan, for every pass)
         counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
@@ -198,6 +207,8 @@ def main() -> None:
                          model_cluster, host_contention=sum(sustained[-2:]) / 2)),
                      "model_contention": (prof, dataclasses.replace(model_cluster,
                                                                     host_contention=own)),
+                     "in_place_contention": (prof, dataclasses.replace(
+                         model_cluster, host_slowdowns=tuple(spans))),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
@@ -239,6 +250,7 @@ def main() -> None:
     summary["in_action_readings"] = in_action  # seconds
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
+    summary["in_place_slowdowns"] = in_place
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,

@@ -194,7 +194,8 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
 
 
 def predict_saved(folder: Path, tag: str = "cpu",
-                  cluster_fields: dict[str, float | None] | None = None) -> pd.DataFrame:
+                  cluster_fields: dict[str, float | None] | None = None,
+                  slowdowns: dict[str, list] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -203,7 +204,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     in-action overhead likewise where the run measured them around each grid,
     ``gap_readings`` and ``in_action_readings``).  ``cluster_fields``
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
-    the same runs)."""
+    the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
+    their dicts) give a model's cluster host slowdowns measured in place
+    (:func:`executor.in_place.stage_contention`; see :func:`in_place_slowdowns`)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -223,7 +226,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
             bracketed(cluster, around(readings, i, [cluster.host_contention]),
                       around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
                       around(in_action_readings, i, ())),
-            **(cluster_fields or {}))
+            host_slowdowns=tuple((slowdowns or {}).get(m, ())), **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
@@ -233,6 +236,17 @@ def predict_saved(folder: Path, tag: str = "cpu",
         now.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
                                           track_memory=False)).iteration_time_s)
     return table.assign(predicted_ms_now=now)
+
+
+def in_place_slowdowns(folder: Path, source: str, tag: str = "cpu") -> dict[str, list]:
+    """Host slowdowns measured in place, per model, for :func:`predict_saved`: ``"run"``
+    takes those the run in ``folder`` measured (``in_place_slowdowns`` in
+    ``validation_TAG.json``; none in runs from before 2026-11-25), anything else is a JSON
+    file of them (model -> rows, as ``experiments/in_place_contention.py`` writes)."""
+    if source == "run":
+        meta = json.loads((folder / f"validation_{tag}.json").read_text())
+        return meta.get("summary", {}).get("in_place_slowdowns", {})
+    return json.loads(Path(source).read_text())["slowdowns"]
 
 
 def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,

@@ -18,6 +18,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from pipesim.errors import ClusterError
 
 
@@ -74,6 +76,19 @@ class Device:
         return self.physical.split(":")[0] in ACCELERATORS
 
 
+@dataclass(frozen=True)
+class SpanSlowdown:
+    """A span of layers ``[first, stop)`` at ``micro_batch`` samples runs ``slowdown`` (>= 1)
+    times as long beside the other ranks of its host as alone, measured in place: every
+    rank running its own stage's forward+backward at once, in the run's process layout
+    (:func:`executor.in_place.stage_contention`)."""
+
+    first: int
+    stop: int
+    micro_batch: int
+    slowdown: float
+
+
 @dataclass
 class Cluster:
     """Workers, links and overheads (seconds, bytes, bytes/second)."""
@@ -101,6 +116,11 @@ class Cluster:
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
     host_contention: float = 0.0
+    #: the host contention measured in place for one model's stages (see
+    #: :class:`SpanSlowdown`): where an action's span has one, the action runs at
+    #: ``1 / slowdown`` of its speed while another rank of its host computes, instead of
+    #: what ``host_contention`` says; spans without one keep ``host_contention``
+    host_slowdowns: tuple[SpanSlowdown, ...] = ()
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
     #: limit
@@ -147,6 +167,12 @@ class Cluster:
         self.device_speedup = tuple(float(v) for v in self.device_speedup)
         if any(not 1.0 <= v <= k + 1 for k, v in enumerate(self.device_speedup)):
             raise ClusterError(f"device_speedup[k-1] must lie in [1, k], got {list(self.device_speedup)}")
+        self.host_slowdowns = tuple(x if isinstance(x, SpanSlowdown) else SpanSlowdown(**x)
+                                    for x in self.host_slowdowns)
+        for x in self.host_slowdowns:
+            if not x.slowdown >= 1.0 or math.isinf(x.slowdown):
+                raise ClusterError(f"host slowdown of layers [{x.first}, {x.stop}) at "
+                                   f"{x.micro_batch} samples must be >= 1, got {x.slowdown}")
         if not self.link.bandwidth_Bps > 0:
             raise ClusterError(f"link bandwidth must be positive, got {self.link.bandwidth_Bps}")
 
@@ -159,6 +185,17 @@ class Cluster:
         if self.devices[src].resource == self.devices[dst].resource:
             return FREE
         return self.links.get((src, dst), self.link)
+
+    def host_slowdown(self, first: int, stop: int, size: float) -> float | None:
+        """The measured slowdown (:class:`SpanSlowdown`) of layers ``[first, stop)`` at
+        ``size`` samples: linear in log2(size) between measured sizes, the nearest one's
+        beyond them; None where that span was not measured."""
+        points = sorted((x.micro_batch, x.slowdown) for x in self.host_slowdowns
+                        if x.first == first and x.stop == stop)
+        if not points:
+            return None
+        sizes = [math.log2(b) for b, _ in points]
+        return float(np.interp(math.log2(size), sizes, [v for _, v in points]))
 
     # ---------------------------------------------------------------- presets
     @classmethod
@@ -219,6 +256,8 @@ class Cluster:
                        wakeup_gap_s=(None if d.get("wakeup_gap_s") is None
                                      else float(d["wakeup_gap_s"])),
                        host_contention=float(d.get("host_contention", 0.0)),
+                       host_slowdowns=tuple(SpanSlowdown(**x)
+                                            for x in d.get("host_slowdowns", ())),
                        host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),

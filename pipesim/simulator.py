@@ -71,6 +71,7 @@ Each iteration's backward::
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -146,8 +147,9 @@ class _Run:
                         if sim.device_law is None}
         self.streams = ({r: ProcessorSharing(self.env, sim.device_law) for r in sim.shared_resources}
                         if sim.device_law is not None else {})
-        self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention,
-                                                             sim.cluster.host_cores))
+        # (measured slowdowns replace the contention law's: each step carries its own)
+        contention = 0.0 if sim.cluster.host_slowdowns else sim.cluster.host_contention
+        self.hosts = {h: ProcessorSharing(self.env, host_law(contention, sim.cluster.host_cores))
                       for h in sim.shared_hosts}
         self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
                              for p in sim.shared_processes}
@@ -216,8 +218,15 @@ class _Run:
         resource = self.compute.get(device)
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
-        sharing = self.streams.get(device) or self.hosts.get(sim.cluster.devices[w].host)
-        progress = env.timeout if sharing is None else sharing.run  # seconds of work -> event
+        # (seconds of work, its slowdown while another rank of the host computes) -> event
+        progress: Callable[[float, float], simpy.Event]
+        streams = self.streams.get(device)
+        if streams is not None:
+            progress = lambda work, _slowdown: streams.run(work)  # noqa: E731
+        elif (host := self.hosts.get(sim.cluster.devices[w].host)) is not None:
+            progress = host.run
+        else:
+            progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
         jitter = sim.jitter if self.rng is not None else None
@@ -275,20 +284,21 @@ class _Run:
                     # threads' forwards), then issues the backward proper
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
                     yield simpy.AllOf(env, [
-                        progress(r),
+                        progress(r, step.host_slowdown),
                         engine.run(r_held, step.interpreter_slowdown),
                         interpreter.run(step.engine_interpreter_s * scale,
                                         step.interpreter_slowdown)])
                     seconds, held = seconds - r, max(held - r_held, 0.0)
                     recomputed = env.now
-                yield simpy.AllOf(env, [progress(seconds), engine.run(held, step.interpreter_slowdown)])
+                yield simpy.AllOf(env, [progress(seconds, step.host_slowdown),
+                                        engine.run(held, step.interpreter_slowdown)])
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
-                yield simpy.AllOf(env, [progress(seconds), interpreter.run(
+                yield simpy.AllOf(env, [progress(seconds, step.host_slowdown), interpreter.run(
                     step.interpreter_s * scale, step.interpreter_slowdown)])
             else:
-                yield progress(seconds)
+                yield progress(seconds, step.host_slowdown)
             end = env.now
             # the recomputation's end: as timed, else its share of the action (none: start)
             r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s

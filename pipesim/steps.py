@@ -60,6 +60,10 @@ class Step(NamedTuple):
     #: autograd's thread), and of those the seconds it holds the process's interpreter
     engine_recompute_s: float = 0.0
     engine_interpreter_s: float = 0.0
+    #: how much slower it runs while another rank of its host computes, where the cluster
+    #: measured its span in place (:attr:`pipesim.cluster.Cluster.host_slowdowns`; 1: the
+    #: host law's ``host_contention`` alone, or a measured duration)
+    host_slowdown: float = 1.0
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -140,6 +144,8 @@ class StepBuilder:
         boundary = self.costs.cost(s - 1, mb).output_bytes if s > 0 else 0.0
         overhead = self.cluster.compute_overhead_s
         device = self.resource_of[w]
+        # (a measured duration has its contention in it already)
+        slow = 1.0 if measured is not None else self.host_slowdown(w, s, mb)
         if kind == FORWARD:
             plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
             seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
@@ -153,7 +159,7 @@ class StepBuilder:
                          parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
                          recv_bytes=recv,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
-                         interpreter_slowdown=c.interpreter_fwd_slowdown)
+                         interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -199,7 +205,7 @@ class StepBuilder:
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
                          interpreter_slowdown=c.interpreter_bwd_slowdown,
-                         engine_s=seconds * c.host_bwd_share)
+                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -238,7 +244,25 @@ class StepBuilder:
                      interpreter_s=held, interpreter_slowdown=c.interpreter_bwd_slowdown,
                      recompute_bytes=c.recompute_bytes - in_place,
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
-                     engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held)
+                     engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
+                     host_slowdown=slow)
+
+    def host_slowdown(self, w: int, stage: int, mb: int) -> float:
+        """Worker ``w``'s slowdown beside the other ranks of its host for ``stage`` at
+        micro-batch ``mb``'s size (:attr:`Step.host_slowdown`).  Where the cluster has
+        measured slowdowns but not this span's, the one ``host_contention`` gives with
+        every other rank of the host busy, as the measured ones were taken."""
+        cluster = self.cluster
+        if not cluster.host_slowdowns:
+            return 1.0
+        layers = self.plan.stage_layers(stage)
+        measured = cluster.host_slowdown(layers.start, layers.stop,
+                                         self.plan.micro_batch_sizes[mb])
+        if measured is not None:
+            return measured
+        host = cluster.devices[w].host
+        ranks = {self.resource_of[i] for i, d in enumerate(cluster.devices) if d.host == host}
+        return 1.0 + cluster.host_contention * (len(ranks) - 1)
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""
