@@ -2,11 +2,8 @@
 
 ``executor.calibrate.host_contention`` measures how much ranks slow each other on one
 generic workload (a small MLP) and the simulator applies that one figure to every action.
-On this project's 2-core VM that figure (0.12-0.27 in one hour) fits some models and not
-others: GPT's stages ran beside each other at 1.00-1.06x their time alone, the small MLP
-at 1.14-1.27x (pooled over five CPU grids, 2026-11-24).  How much two ranks slow each
-other depends on *what* they run -- cache footprint, memory traffic, kernel sizes -- so
-:func:`stage_contention` measures it on the stages themselves:
+How much two ranks slow each other depends on *what* they run -- cache footprint, memory
+traffic, kernel sizes -- so :func:`stage_contention` measures it on the stages themselves:
 
 * one process per rank, pinned as the run pins them (:func:`executor.distributed.spawn`),
   each building the model and keeping its own stage (``split_module(module, balance)``);
@@ -16,9 +13,9 @@ other depends on *what* they run -- cache footprint, memory traffic, kernel size
 * rounds of phases, each ``phase_s`` seconds of steps: every rank alone in turn (the
   others wait at a barrier), then all of them at once::
 
-      rank 0   |alone: s s s s|              |                |together: s s s s|
-      rank 1   |              |alone: S  S  S|                |together: S   S  S|
-               ^barrier       ^barrier       ^barrier (sizes interleave round by round)
+      rank 0   |alone: s s s s|              |together: s s s s|
+      rank 1   |              |alone: S  S  S|together: S   S  S|
+               ^barrier       ^barrier       ^barrier  (then the next size; rounds repeat)
 
   alone and together within a second of each other, so a shared machine's slow spells
   weigh on both alike;
@@ -28,6 +25,14 @@ other depends on *what* they run -- cache footprint, memory traffic, kernel size
 No plan is run (no schedule, no messages between the ranks): the measurement is of the
 layout -- which layers share the host at which size -- so every schedule, chunk count and
 checkpoint mode with that balance uses it, and nothing is fitted to the plans validated.
+
+What it found on this project's 2-core VM (2026-11-24,
+``experiments/in_place_contention.py``): in a quiet hour, medians of three repeats GPT
+1.00-1.08, U-Net 1.00-1.07, MLP 1.00-1.18 (one reading up to 1.13, 1.09, 1.30; repeats
+0.03 apart, median); the balanced layouts 1.26-1.53 half an hour before, during a grid.
+The grid's own overlapping actions ran at 0.93-1.06 of their profile, and as the
+simulator's host law it predicted worse than the generic figure (README, "Largest
+remaining errors"): ``experiments/validate.py`` keeps it as an ablation, not the prediction.
 """
 
 from __future__ import annotations
@@ -126,6 +131,13 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
         raise ValueError(f"contention needs at least 2 stages, got balance {list(balance)}")
     if rounds < 1 or phase_s <= 0:
         raise ValueError(f"rounds must be >= 1 and phase_s > 0, got {rounds} and {phase_s}")
+    module, _, inputs, _ = job()  # checked here: a rank's error would only say it died
+    if sum(balance) != len(module):
+        raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
+                         f"has {len(module)}")
+    if max(sizes) > inputs.shape[0]:
+        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
+                         f"{inputs.shape[0]} samples")
     world = len(balance)
     barrier = mp.get_context("spawn").Barrier(world)
     results = dict(_gather(_in_place_loop, world,

@@ -459,7 +459,8 @@ class Simulator:
             if self.cluster.devices[w].host:
                 hosts[self.cluster.devices[w].host].add(self.resource_of[w])
         self.shared_hosts = ([h for h, devs in hosts.items() if len(devs) > 1]
-                             if self.cluster.host_contention or self.cluster.host_cores else [])
+                             if self.cluster.host_contention or self.cluster.host_cores
+                             or self.cluster.host_slowdowns else [])
         factor = 1 + plan.optimizer_state_factor
         self.static_bytes: dict[str, float] = defaultdict(float)
         for s in range(n):

@@ -571,6 +571,22 @@ def test_calibration_tells_gaps_of_a_woken_worker_from_gaps_between_ready_action
         [0.2, 0.4, 0.5])
 
 
+def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
+    from executor.in_place import stage_contention
+
+    job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
+    spans = stage_contention(job, [1, 3], [2, 8], rounds=2, phase_s=0.005, pin_cores=False)
+    assert [(s.first, s.stop, s.micro_batch) for s in spans] == [
+        (0, 1, 2), (0, 1, 8), (1, 4, 2), (1, 4, 8)]  # every stage's layers, every size
+    assert all(s.slowdown >= 1.0 for s in spans)
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        stage_contention(job, [4], [2])
+    with pytest.raises(ValueError, match=r"balance \[2, 3\] sums to 5 layers, the model has 4"):
+        stage_contention(job, [2, 3], [2])
+    with pytest.raises(ValueError, match="micro-batch size 16 exceeds the job's batch of 8"):
+        stage_contention(job, [2, 2], [16])
+
+
 def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():
     from executor.calibrate import measure_contention
 

@@ -292,6 +292,50 @@ def test_host_contention_shares_the_processor_only_while_actions_overlap():
         pytest.approx(metrics(simulate(prof, plan)).iteration_time_s))
 
 
+def test_a_slowdown_measured_in_place_replaces_the_host_law_for_its_span():
+    from pipesim.cluster import SpanSlowdown
+
+    prof = uniform_profile(2)  # F = 1 s per sample and layer
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    host = [Device("a", host="h"), Device("b", host="h")]
+    # stage 0 (layer [0, 1)) measured 2x slower beside the other rank, stage 1 1.25x
+    measured = (SpanSlowdown(0, 1, 1, 2.0), SpanSlowdown(1, 2, 1, 1.25))
+    trace = simulate(prof, plan, Cluster(host, host_contention=0.5, host_slowdowns=measured))
+    f = trace.actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(0, 0), "end"] == pytest.approx(1.0)  # alone: full speed
+    # from t=1 stage 0's F1 runs at 1/2 and stage 1's F0 at 1/1.25 (not 1/1.5 each):
+    # F0 of stage 1 ends at 1 + 1.25 = 2.25; F1 of stage 0 has done 0.625 s of work by
+    # then, and does the remaining 0.375 s alone
+    assert f.loc[(1, 0), "end"] == pytest.approx(2.25)
+    assert f.loc[(0, 1), "end"] == pytest.approx(2.25 + 0.375)
+    # (measured slowdowns alone, no host_contention, share the host just the same)
+    alone = simulate(prof, plan, Cluster(host, host_slowdowns=measured)).actions
+    assert alone.query("kind == 'F' and stage == 1").end.min() == pytest.approx(2.25)
+    # a span not measured keeps host_contention, with the other rank busy (as measured)
+    partly = Cluster(host, host_contention=0.5, host_slowdowns=measured[:1])
+    f = simulate(prof, plan, partly).actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(1, 0), "end"] == pytest.approx(1.0 + 1.5)
+    # a replay's measured durations have their contention in them already
+    durations = {(s, k, mb): 1.0 for s in (0, 1) for k in ("F", "B") for mb in (0, 1)}
+    replay = simulate(prof, plan, Cluster(host, host_slowdowns=measured), durations=durations)
+    assert (replay.actions.end - replay.actions.start).max() == pytest.approx(1.0)
+
+
+def test_host_slowdowns_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
+    from pipesim.cluster import SpanSlowdown
+    from pipesim.errors import ClusterError
+
+    c = Cluster([Device("a"), Device("b")], host_slowdowns=(
+        SpanSlowdown(0, 3, 2, 1.1), SpanSlowdown(0, 3, 8, 1.3), SpanSlowdown(3, 6, 2, 1.0)))
+    assert c.host_slowdown(0, 3, 4) == pytest.approx(1.2)  # halfway in log2(size)
+    assert c.host_slowdown(0, 3, 1) == pytest.approx(1.1)  # the nearest beyond the sizes
+    assert c.host_slowdown(0, 3, 32) == pytest.approx(1.3)
+    assert c.host_slowdown(0, 2, 4) is None  # another span: not measured
+    assert Cluster.load(c.save(tmp_path / "c.json")).host_slowdowns == c.host_slowdowns
+    with pytest.raises(ClusterError, match=r"layers \[0, 3\) at 2 samples must be >= 1"):
+        Cluster([Device("a")], host_slowdowns=(SpanSlowdown(0, 3, 2, 0.9),))
+
+
 def _one_gpu(n: int, speedup: tuple[float, ...]) -> Cluster:
     return Cluster([Device(f"w{i}", physical="gpu") for i in range(n)],
                    device_sharing="concurrent", device_speedup=speedup)
