@@ -226,13 +226,18 @@ def measure_in_action(iterations: int = 24, pin_cores: bool = False) -> float:
     return _in_action(_run(job, plan, iterations, pin_cores), prof, plan)
 
 
-def measure_gaps(iterations: int = 24, latency_s: float = 0.0,
-                 pin_cores: bool = False) -> dict[str, float]:
+def measure_gaps(iterations: int = 24, latency_s: float = 0.0, pin_cores: bool = False,
+                 width: int = 512, micro_batch: int = 8) -> dict[str, float]:
     """The gaps of :func:`measure_overhead` alone (its *paced* pipeline: no profile needed),
     seconds: ``between_actions_s``, ``wakeup_s``, ``between_actions_all_s`` (means) and
-    ``between_actions_median_s``."""
-    job, plan = _calibration_pipeline(512, 8)
-    return _gap_means(_run(job, plan, iterations, pin_cores), latency_s)
+    ``between_actions_median_s``; and ``action_s``, the median compute action.  ``width``
+    and ``micro_batch`` change the pipeline (messages of ``width * micro_batch`` floats;
+    the calibration's own is 512 x 8: 16 KiB)."""
+    job, plan = _calibration_pipeline(width, micro_batch)
+    actions = _run(job, plan, iterations, pin_cores)
+    compute = actions[actions.kind.isin(["F", "B"])]
+    return {**_gap_means(actions, latency_s),
+            "action_s": float((compute.end - compute.start).median())}
 
 
 def _calibration_pipeline(width: int, micro_batch: int) -> tuple[Callable, Plan]:

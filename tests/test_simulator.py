@@ -1071,3 +1071,22 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
     assert c.compute_overhead_s == base.compute_overhead_s
     assert bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4)], [5e-5, 1.5e-4]).compute_overhead_s == \
         pytest.approx(1e-4)
+
+
+def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone():
+    from experiments.action_costs import action_ratios, overlap_class, parse_plan
+
+    prof = uniform_profile(2)  # F = 1 s per sample and layer
+    plan = parse_plan("gpipe [1,1] m=2 ckpt=never", 2)
+    assert (list(plan.balance), plan.n_microbatches, plan.checkpoint) == ([1, 1], 2, "never")
+    host = Cluster([Device("a", host="h"), Device("b", host="h")], host_contention=0.5)
+    # a "run" that is the simulation with contention: the overlapping actions take 1.5x
+    trace = simulate(prof, plan, host)
+    actions = trace.actions.assign(model="m", plan="gpipe [1,1] m=2 ckpt=never")
+    table = action_ratios(actions, {"m": prof}, host, batch=2)
+    f = table[table.kind == "F"].set_index(["stage", "overlap"])
+    # stage 0's F0 runs alone at its profile; stage 0's F1 and stage 1's F0 run together
+    assert f.loc[(0, "alone"), "ratio"] == pytest.approx(1.0)
+    assert f.loc[(0, "overlapping"), "ratio"] == pytest.approx(1.5)
+    assert f.loc[(1, "overlapping"), "ratio"] == pytest.approx(1.5)
+    assert [overlap_class(x) for x in (0.05, 0.5, 0.95)] == ["alone", "partly", "overlapping"]
