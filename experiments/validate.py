@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--passes", type=int, default=2,
                     help="runs of the whole grid (order reversed every other pass), each "
                     "plan's iterations joined: the load of one moment weighs less")
+    ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
+                    help="one pass more for a plan whose passes lie further apart than this "
+                    "(default 0.15: 3x the usual pass noise; 0: none; see in_passes)")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
     # pinned by default: five pinned grids on 2026-11-24 scattered 5.7% around each plan's
@@ -180,7 +183,7 @@ def main() -> None:
                                                     warmup=1, pin_cores=args.pin,
                                                     threads_per_rank=args.threads)]
 
-        measure = in_passes(measure_once, args.passes)
+        measure = in_passes(measure_once, args.passes, args.tie_break or None)
 
         traces = measure(plans)
         # profiled again once the runs are done: the prediction uses the mean of the two,
@@ -243,6 +246,8 @@ def main() -> None:
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
     summary["passes"] = args.passes
+    summary["tie_break"] = args.tie_break
+    summary["tie_break_plans"] = sum(bool(t.meta.get("tie_break")) for t in measured_all)
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)

@@ -260,13 +260,23 @@ def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,
     return max(least, math.ceil(seconds / predicted))
 
 
-def in_passes(measure: Measure, passes: int) -> Measure:
+def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> Measure:
     """``measure`` run over the grid ``passes`` times, the order reversed every other pass,
     each plan's runs joined into one Trace (:meth:`pipesim.trace.Trace.joined`: the
     iteration time is then the median over all its iterations).  A shared machine's load
     drifts over minutes; a plan measured once, in one moment, carries that moment's speed,
     measured in two moments far apart much less of it.  ``meta["pass_iteration_s"]`` keeps
-    each pass's median, whose spread is the grid's noise floor (:func:`pass_noise`)."""
+    each pass's median, whose spread is the grid's noise floor (:func:`pass_noise`).
+
+    With ``disagree`` (a fraction), a plan whose passes' medians lie further apart than
+    that gets one pass more, all such plans together once the others are done, so that
+    its joined median is a majority's and not the middle of two moments::
+
+        passes  |101 100 102|          |157 156 160|     median of the six: 129 ms,
+        tie     |100  99 101|                            of the nine: 101 ms
+
+    (on this project's VM a slow spell of a neighbour's made a plan's two passes 1.6x
+    apart, 2026-11-24).  ``meta["tie_break"]`` marks the plans measured so."""
     if passes <= 1:
         return measure
 
@@ -276,10 +286,20 @@ def in_passes(measure: Measure, passes: int) -> Measure:
             order = list(range(len(plans)))[:: -1 if k % 2 else 1]
             for i, trace in zip(order, measure([plans[i] for i in order]), strict=True):
                 runs[i].append(trace)
+        apart = []
+        if disagree is not None:
+            for i, traces in enumerate(runs):
+                times = [metrics(t).iteration_time_s for t in traces]
+                if min(times) > 0 and max(times) / min(times) - 1 > disagree:
+                    apart.append(i)
+        if apart:
+            for i, trace in zip(apart, measure([plans[i] for i in apart]), strict=True):
+                runs[i].append(trace)
         joined = []
-        for traces in runs:
+        for i, traces in enumerate(runs):
             trace = Trace.joined(traces)
             trace.meta["pass_iteration_s"] = [metrics(t).iteration_time_s for t in traces]
+            trace.meta["tie_break"] = i in apart
             joined.append(trace)
         return joined
 

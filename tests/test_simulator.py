@@ -998,6 +998,30 @@ def test_a_grid_measured_in_passes_joins_each_plans_runs_and_reports_their_sprea
     assert in_passes(measure, 1) is measure
 
 
+def test_a_plan_whose_passes_disagree_is_measured_once_more():
+    from experiments.validation import in_passes, pass_noise
+
+    # the second pass ran on a slow machine (2 s more an action), the third at the first's
+    _, measure, calls = _fake_grid([1.0, 3.0, 1.0])
+    plans = [Plan([1, 1], m, 4, checkpoint="never") for m in (1, 2)]
+    traces = in_passes(measure, 2, disagree=0.15)(plans)
+    assert len(calls) == 3 and calls[2] == calls[0]  # both apart: a third pass for both
+    for t in traces:
+        first, _, third = t.meta["pass_iteration_s"]
+        assert t.meta["tie_break"] and third == pytest.approx(first)
+        # the joined median is the majority's (2 of 3 passes at the first's speed)
+        assert metrics(t).iteration_time_s == pytest.approx(first)
+        assert t.meta["iterations"] == 6
+    # the noise floor is still the first two passes'
+    apart = [100 * (t.meta["pass_iteration_s"][1] / t.meta["pass_iteration_s"][0] - 1)
+             for t in traces]
+    assert pass_noise(traces)[1] == pytest.approx(max(apart))
+    # passes within the bound: no third pass
+    _, measure, calls = _fake_grid([1.0, 1.1])
+    assert not any(t.meta["tie_break"] for t in in_passes(measure, 2, disagree=0.15)(plans))
+    assert len(calls) == 2
+
+
 def test_the_tuners_pick_is_measured_again_beside_the_fastest_plan():
     import pandas as pd
 
