@@ -1012,7 +1012,7 @@ def test_a_plan_whose_passes_disagree_is_measured_once_more():
         # the joined median is the majority's (2 of 3 passes at the first's speed)
         assert metrics(t).iteration_time_s == pytest.approx(first)
         assert t.meta["iterations"] == 6
-    # the noise floor is still the first two passes'
+    # the noise floor is still the first two passes
     apart = [100 * (t.meta["pass_iteration_s"][1] / t.meta["pass_iteration_s"][0] - 1)
              for t in traces]
     assert pass_noise(traces)[1] == pytest.approx(max(apart))
