@@ -102,6 +102,22 @@ def _backward(y: torch.Tensor, grad: torch.Tensor | None) -> None:
     torch.autograd.backward(y, grad)
 
 
+def autograd_nodes(out: torch.Tensor) -> int:
+    """Nodes of the autograd graph behind ``out`` (its backward functions, not the
+    parameters' gradient accumulators): what a forward that made ``out`` from a detached
+    input adds to its thread's sequence number, by which autograd's thread for a device
+    orders the backwards it runs (the profile's ``autograd_nodes``)."""
+    seen: set = set()
+    stack = [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen or type(node).__name__ == "AccumulateGrad":
+            continue
+        seen.add(node)
+        stack.extend(child for child, _ in node.next_functions)
+    return len(seen)
+
+
 def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None = None,
                   target: torch.Tensor | None = None, repeats: int = 5,
                   warmup: int = 2) -> dict[str, Any]:
@@ -126,6 +142,7 @@ def profile_layer(layer: nn.Module, x: torch.Tensor, *, loss_fn: LossFn | None =
         "saved_input_bytes": saved.bytes_of(x),
         "saved_output_bytes": saved.bytes_of(y),
         "param_bytes": module_bytes(layer),
+        "autograd_nodes": autograd_nodes(out),
     }
     needs_grad = out.requires_grad
     grad = None if (loss_fn is not None or not needs_grad) else torch.randn_like(out)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -85,7 +86,48 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     "threads_host_gil": lambda p, c: ((_with_host_shares(_without_law(p)), _threads(c))
                                       if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table
                                       and _on_gpu(c) else None),
+    # + autograd's thread serving the backward of the thread whose forwards create more
+    # autograd nodes first (its sequence numbers run ahead): the nodes counted on the
+    # built-in model of the same layers (the recorded profiles predate the column)
+    "threads_node_order": lambda p, c: ((_with_autograd_nodes(_with_host_shares(_without_law(p))),
+                                         _threads(c))
+                                        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table
+                                        and _on_gpu(c) else None),
 }
+
+
+def _with_autograd_nodes(profile: Profile) -> Profile:
+    """``profile`` with its ``autograd_nodes`` column where it lacks one, counted by the
+    profiler on the built-in model its layers are (``gpt``: Embedding, Blocks, Head;
+    ``mlp``: LinearReLU layers and a Linear) at its depth.  A node count depends on the
+    layers' operations, not on their widths or the dtype, so a small model on the CPU
+    counts what the recorded one created on the GPU."""
+    if "autograd_nodes" in profile.table:
+        return profile
+    counts = _node_counts(tuple(profile.layer_names))
+    table = profile.table.assign(autograd_nodes=profile.table.layer.map(dict(enumerate(counts))))
+    return Profile(table, profile.meta, profile.source)
+
+
+@functools.cache
+def _node_counts(names: tuple[str, ...]) -> tuple[int, ...]:
+    from executor.models import build_model
+    from executor.profiler import profile as profile_model
+
+    if names[0] == "Embedding":
+        built = build_model("gpt", vocab=64, d_model=32, n_layers=len(names) - 2, n_heads=4,
+                            seq_len=8)
+    elif names[0] == "LinearReLU":
+        built = build_model("mlp", width=16, depth=len(names) - 1)
+    else:
+        raise ValueError(f"no built-in model has the layers {names}")
+    mine = [type(layer).__name__ for layer in built.module]
+    if tuple(mine) != names:
+        raise ValueError(f"the built-in model's layers {mine} are not the profile's {names}")
+    batch = built.make_batch(2)
+    counted = profile_model(built.module, batch, [2], loss_fn=built.loss_fn, repeats=1,
+                            warmup=0, progress=False, checkpointed=False, split=False)
+    return tuple(int(v) for v in counted.table.sort_values("layer").autograd_nodes)
 
 
 def _with_host_shares(profile: Profile) -> Profile:

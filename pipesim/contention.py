@@ -105,22 +105,37 @@ class ProcessorSharing:
     rate (an action with a ``slowdown`` at that rate over its slowdown while it has
     company), which changes whenever an action starts or ends, so one timer -- to the
     next completion -- is kept and rebuilt on every change.
+
+    An action may carry a ``priority``: only the actions of the highest priority present
+    are served (sharing by the law among themselves); the others wait, their work left
+    untouched, and resume as those end -- a preemptive priority queue, which is what
+    autograd's device thread is (see :mod:`pipesim.simulator`)::
+
+        priority 0   A |====..........====|      A waits while B is served
+        priority 1   B      |==========|
     """
 
     def __init__(self, env: simpy.Environment, law: RateLaw):
         self.env, self.law = env, law
         self.work: dict[simpy.Event, float] = {}
         self.slowdown: dict[simpy.Event, float] = {}
+        self.priority: dict[simpy.Event, float] = {}
         self.last = 0.0
         self.timer = 0  # generation of the pending timer: older ones are ignored
 
     def _rates(self) -> dict[simpy.Event, float]:
-        """Each running action's rate: the law's, over its slowdown, while shared."""
+        """Each running action's rate: the law's, over its slowdown, while shared; 0
+        while an action of a higher priority runs."""
         k = len(self.work)
         if k <= 1:
             return dict.fromkeys(self.work, 1.0)
-        shared = self.law(k)
-        return {ev: shared / self.slowdown[ev] for ev in self.work}
+        top = max(self.priority.values())
+        served = [ev for ev in self.work if self.priority[ev] == top]
+        if len(served) == 1:
+            return {ev: 1.0 if ev is served[0] else 0.0 for ev in self.work}
+        shared = self.law(len(served))
+        return {ev: shared / self.slowdown[ev] if self.priority[ev] == top else 0.0
+                for ev in self.work}
 
     def _advance(self) -> None:
         now = self.env.now
@@ -134,7 +149,7 @@ class ProcessorSharing:
         if not self.work:
             return
         generation = self.timer
-        delay = min(max(self.work[ev], 0.0) / rate for ev, rate in self._rates().items())
+        delay = min(max(self.work[ev], 0.0) / rate for ev, rate in self._rates().items() if rate > 0)
         self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
 
     def _expire(self, generation: int) -> None:
@@ -142,16 +157,17 @@ class ProcessorSharing:
             return
         self._advance()
         for ev in [e for e, w in self.work.items() if w <= 1e-12]:
-            del self.work[ev], self.slowdown[ev]
+            del self.work[ev], self.slowdown[ev], self.priority[ev]
             ev.succeed()
         self._schedule()
 
-    def run(self, seconds: float, slowdown: float = 1.0) -> simpy.Event:
+    def run(self, seconds: float, slowdown: float = 1.0, priority: float = 0.0) -> simpy.Event:
         """An event that fires when ``seconds`` of work is done at the shared rate, over
-        ``slowdown`` (>= 1) whenever the resource is shared."""
+        ``slowdown`` (>= 1) whenever the resource is shared, served only while no action
+        of a higher ``priority`` is running."""
         self._advance()
         ev = self.env.event()
-        self.work[ev], self.slowdown[ev] = seconds, slowdown
+        self.work[ev], self.slowdown[ev], self.priority[ev] = seconds, slowdown, priority
         self._schedule()
         return ev
 

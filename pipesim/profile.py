@@ -46,6 +46,11 @@ Optional columns (profiles without them still load; the simulator then falls bac
 ``fwd_transient_bytes`` int bytes the forward holds only while it runs (temporaries)
 ``bwd_transient_bytes`` int bytes the backward holds only while it runs, beyond the input
                             gradient: weight gradients being formed, temporaries
+``autograd_nodes``  int     nodes the layer's forward adds to the autograd graph (the
+                            loss's too, on the last layer; parameters' gradient
+                            accumulators not counted): how far it advances its thread's
+                            sequence number, which orders autograd's work (see
+                            :meth:`Profile.autograd_nodes`)
 =================== ======= =====================================================
 
 On disk a Profile is ``NAME.csv`` (the table) beside ``NAME.json`` (the metadata), both
@@ -109,7 +114,7 @@ COLUMNS: dict[str, str] = {
     "saved_output_bytes": "int",
     "param_bytes": "int",
 }
-#: Optional float columns, validated when present.
+#: Optional numeric columns, validated when present.
 OPTIONAL_COLUMNS: dict[str, str] = {
     "host_fwd_s": "float",
     "host_bwd_s": "float",
@@ -121,6 +126,7 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "bwd_weight_s": "float",
     "w_pending_bytes": "float",
     "w_received_bytes": "float",
+    "autograd_nodes": "int",
 }
 _TIME_COLUMNS = ("fwd_s", "bwd_s")
 _BYTE_COLUMNS = tuple(c for c, k in COLUMNS.items() if c.endswith("_bytes"))
@@ -280,6 +286,14 @@ class Profile:
         cols = self.columns_at(micro_batch, extrapolate=extrapolate)
         return {c: float(cols[c][layer])
                 for c in _TIME_COLUMNS + _BYTE_COLUMNS + self.optional_columns}
+
+    def autograd_nodes(self, first: int, stop: int) -> float:
+        """Autograd nodes the forward of layers ``first .. stop-1`` creates (per micro-batch,
+        whatever its size; the loss's on the last layer); 0 where the profile lacks the
+        ``autograd_nodes`` column."""
+        if "autograd_nodes" not in self.optional_columns:
+            return 0.0
+        return float(self._grid["autograd_nodes"][first:stop, 0].sum())
 
     def span_cost(
         self, first: int, stop: int, micro_batch: float, *, extrapolate: bool = False

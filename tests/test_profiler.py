@@ -35,6 +35,20 @@ def test_linear_relu_saves_input_plus_what_relu_keeps():
     assert row["saved_output_bytes"] == 8 * 32 * 4
 
 
+def test_autograd_nodes_count_each_layers_backward_functions_and_the_loss():
+    # Linear+ReLU on a 2-D input: addmm, the weight's transpose, relu (the parameters'
+    # accumulators are not counted); the last Linear with the cross-entropy: addmm, the
+    # transpose, log-softmax, nll-loss
+    built = build_model("mlp", width=16, depth=3, in_features=8)
+    batch = built.make_batch(4)
+    prof = profile(built.module, batch, [2], loss_fn=built.loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, split=False)
+    assert prof.table.sort_values("layer").autograd_nodes.tolist() == [3, 3, 3, 4]
+    assert prof.autograd_nodes(0, 2) == 6
+    row = profile_layer(nn.Linear(16, 32, bias=False), torch.randn(8, 16), repeats=1, warmup=0)
+    assert row["autograd_nodes"] == 2  # mm and the transpose
+
+
 def test_times_are_positive_medians():
     row = profile_layer(nn.Linear(64, 64), torch.randn(32, 64), repeats=3, warmup=1)
     assert row["fwd_s"] > 0 and row["bwd_s"] > 0

@@ -852,6 +852,58 @@ def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
     assert ends == pytest.approx({"B": 2.0, "A": 2.0 + 1.0 / 3.0, "C": 6.0})
 
 
+def test_a_job_of_higher_priority_is_served_alone_and_the_others_wait():
+    import simpy
+
+    from pipesim.contention import ProcessorSharing, interpreter_law
+
+    env = simpy.Environment()
+    engine = ProcessorSharing(env, interpreter_law)
+    ends = {}
+
+    def job(name, seconds, priority, at=0.0):
+        yield env.timeout(at)
+        yield engine.run(seconds, priority=priority)
+        ends[name] = env.now
+
+    #   A (0) |=====..........=====|     A does 1 s, waits while B and C are served,
+    #   B (1)       |==========|           B and C (equal priority) share the thread:
+    #   C (1)       |==========|           each 1 s of work in 2 s
+    env.process(job("A", 2.0, 0, at=0.0))
+    env.process(job("B", 1.0, 1, at=1.0))
+    env.process(job("C", 1.0, 1, at=1.0))
+    env.run()
+    assert ends == pytest.approx({"B": 3.0, "C": 3.0, "A": 4.0})
+
+
+def test_autograds_thread_serves_the_worker_whose_forwards_create_more_nodes_first():
+    # two stages as threads on one GPU (streams fully concurrent), GPipe, 2 micro-batches
+    # of 1 sample, one layer a stage; the engine holds each backward whole.  B(1,a) and
+    # B(0,b) both start at 3F + B, when B(1,b) ends:
+    #   fair (no node counts)     each at half speed, both end at 3F + 3B
+    #   stage 1 makes more nodes  B(1,a) alone to 3F + 2B, then B(0,b) to 3F + 3B
+    #   stage 0 makes more nodes  B(0,b) alone to 3F + 2B, then B(1,a) to 3F + 3B
+    plan = Plan([1, 1], 2, 2, checkpoint="never")
+    gpu, _ = _two_threads_on_a_gpu()
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0)
+
+    def backward_ends(nodes: tuple[int, int] | None) -> dict[tuple[int, int], float]:
+        p = prof if nodes is None else Profile(
+            prof.table.assign(autograd_nodes=prof.table.layer.map(dict(enumerate(nodes)))),
+            prof.meta)
+        b = simulate(p, plan, gpu).actions.query("kind == 'B'")
+        return {(r.stage, r.microbatch): r.end for r in b.itertuples()}
+
+    fair, later, earlier = backward_ends(None), backward_ends((3, 5)), backward_ends((5, 3))
+    assert fair[(0, 1)] == fair[(1, 0)] == pytest.approx(3 * F + 3 * B)
+    assert later[(1, 0)] == pytest.approx(3 * F + 2 * B)
+    assert later[(0, 1)] == pytest.approx(3 * F + 3 * B)
+    assert earlier[(0, 1)] == pytest.approx(3 * F + 2 * B)
+    assert earlier[(1, 0)] == pytest.approx(3 * F + 3 * B)
+    # equal counts share the thread as if none were known
+    assert backward_ends((4, 4)) == pytest.approx(fair)
+
+
 def test_the_interpreter_slowdown_is_read_per_pass_and_validated():
     from pipesim.errors import ProfileError
 
