@@ -1,0 +1,101 @@
+"""Which backward autograd's device thread serves first: recorded H100 runs against the model.
+
+Two stages as threads of one process on one GPU hand their backwards to one thread,
+autograd's for ``cuda:0``.  When a backward arrives while the other stage's runs, which
+one ends first?  Fair sharing says the earlier one; a thread that serves by sequence
+number says the one of the worker whose forwards create more autograd nodes
+(:mod:`pipesim.simulator`).  For every plan of the project's 2026-11-23 grid
+(``experiments/results/gpu/``, every action kept) this counts, per model, dtype, balance
+and checkpoint mode, the overlapping pairs of the two stages' backwards, and the share
+in which the later one ended first -- measured, and predicted with the engine shared
+fairly (``threads_host_gil``) and served by node counts (``threads_node_order``), the
+variants of ``repredict_evidence.py``.  It checks the mechanism apart from the costs::
+
+    stage 0   B(0, m)   |=====........=====|      stage 1's backward arrived later and
+    stage 1   B(1, m')       |========|           ended first: an overtaking
+
+    python experiments/engine_order.py
+Writes experiments/results/engine_order.csv.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import pandas as pd
+
+from experiments.common import write_results
+from experiments.repredict_evidence import LATEST_GPU, VARIANTS, _gpu_plans
+from pipesim.simulator import simulate
+
+ORDERS = ("threads_host_gil", "threads_node_order")
+
+
+def overtakings(actions: pd.DataFrame) -> dict[str, int]:
+    """Backwards of stage 0 and stage 1 that overlap, by which one started while the other
+    ran: ``pairs_1`` (stage 1's arrived later), ``over_1`` (and ended first), likewise
+    ``pairs_0`` and ``over_0`` for stage 0's arriving later."""
+    b = actions[actions.kind == "B"]
+    out = dict.fromkeys(("pairs_1", "over_1", "pairs_0", "over_0"), 0)
+    for _, it in b.groupby("iteration"):
+        first, second = it[it.stage == 0], it[it.stage == 1]
+        for x in first.itertuples():
+            for y in second.itertuples():
+                if x.start < y.start < x.end:
+                    out["pairs_1"] += 1
+                    out["over_1"] += int(y.end < x.end)
+                elif y.start < x.start < y.end:
+                    out["pairs_0"] += 1
+                    out["over_0"] += int(x.end < y.end)
+    return out
+
+
+def main() -> None:
+    recorded = pd.read_csv(LATEST_GPU / "validation_gpu_actions.csv.gz")
+    rows = []
+    for model, dtype, profile, cluster, plan, _ in _gpu_plans(LATEST_GPU):
+        label = f"{model}/{dtype}/2st"
+        measured = recorded[(recorded.model == label) & (recorded.plan == plan.label())]
+        row: dict = {"model": model, "dtype": dtype,
+                     "balance": str(list(plan.balance)).replace(" ", ""),
+                     "checkpoint": plan.checkpoint}
+        row.update({f"measured_{k}": v for k, v in overtakings(measured).items()})
+        for variant in ORDERS:
+            changed = VARIANTS[variant](profile, cluster)
+            if changed is not None:
+                trace = simulate(changed[0], plan, changed[1], track_memory=False)
+                row.update({f"{variant}_{k}": v for k, v in overtakings(trace.actions).items()})
+        rows.append(row)
+    summary = pd.DataFrame(rows).groupby(["model", "dtype", "balance", "checkpoint"]).sum(
+        numeric_only=True).reset_index()
+    out = summary[["model", "dtype", "balance", "checkpoint"]].copy()
+    for stage in (1, 0):
+        out[f"pairs_{stage}"] = summary[f"measured_pairs_{stage}"]
+        for source in ("measured", *ORDERS):
+            pairs = summary.get(f"{source}_pairs_{stage}")
+            if pairs is not None:
+                out[f"{source}_{stage}"] = (summary[f"{source}_over_{stage}"]
+                                            / pairs.where(pairs > 0))
+    with pd.option_context("display.width", 200, "display.max_rows", 100):
+        print("share of overlapping backward pairs in which the one that arrived later ended "
+              "first (_1: stage 1's arrived later, _0: stage 0's)")
+        print(out.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    agree = {}
+    for v in ORDERS:
+        hits = []
+        for stage in (1, 0):
+            both = out[[f"measured_{stage}", f"{v}_{stage}"]].dropna()
+            hits += list((both.iloc[:, 0] > 0.5) == (both.iloc[:, 1] > 0.5))
+        agree[v] = float(sum(hits) / len(hits)) if hits else float("nan")
+    print("cases (group and direction) where model and run agree on whether the later "
+          "backward ends first: " + ", ".join(f"{v} {a:.0%}" for v, a in agree.items()))
+    write_results("engine_order", out, {"source": str(LATEST_GPU), "variants": list(ORDERS),
+                                        "agreement": agree})
+
+
+if __name__ == "__main__":
+    main()
