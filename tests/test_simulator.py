@@ -829,7 +829,9 @@ def test_a_blocking_send_holds_its_sender_until_its_bytes_are_written():
     assert Cluster.from_dict(blocking.to_dict()).blocking_sends
 
 
-def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
+def _shared_lock_ends(jobs: dict[str, tuple[float, float, float, float]]) -> dict[str, float]:
+    """When each job ends on one lock shared by processor sharing (interpreter law): name
+    -> (seconds of work, slowdown, priority, start time)."""
     import simpy
 
     from pipesim.contention import ProcessorSharing, interpreter_law
@@ -838,41 +840,31 @@ def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
     lock = ProcessorSharing(env, interpreter_law)
     ends = {}
 
-    def job(name, seconds, slowdown, at=0.0):
+    def job(name, seconds, slowdown, priority, at):
         yield env.timeout(at)
-        yield lock.run(seconds, slowdown)
+        yield lock.run(seconds, slowdown, priority)
         ends[name] = env.now
 
+    for name, args in jobs.items():
+        env.process(job(name, *args))
+    env.run()
+    return ends
+
+
+def test_a_slowed_job_loses_its_slowdown_only_while_it_has_company():
     # A (slowdown 1.5) beside B (1 s each): B at 1/2 ends at 2 s, A has done 2/3 at 1/3
     # and finishes its last third alone; C alone later is not slowed at all
-    env.process(job("A", 1.0, 1.5))
-    env.process(job("B", 1.0, 1.0))
-    env.process(job("C", 1.0, 3.0, at=5.0))
-    env.run()
+    ends = _shared_lock_ends({"A": (1.0, 1.5, 0, 0.0), "B": (1.0, 1.0, 0, 0.0),
+                              "C": (1.0, 3.0, 0, 5.0)})
     assert ends == pytest.approx({"B": 2.0, "A": 2.0 + 1.0 / 3.0, "C": 6.0})
 
 
 def test_a_job_of_higher_priority_is_served_alone_and_the_others_wait():
-    import simpy
-
-    from pipesim.contention import ProcessorSharing, interpreter_law
-
-    env = simpy.Environment()
-    engine = ProcessorSharing(env, interpreter_law)
-    ends = {}
-
-    def job(name, seconds, priority, at=0.0):
-        yield env.timeout(at)
-        yield engine.run(seconds, priority=priority)
-        ends[name] = env.now
-
     #   A (0) |=====..........=====|     A does 1 s, waits while B and C are served,
     #   B (1)       |==========|           B and C (equal priority) share the thread:
     #   C (1)       |==========|           each 1 s of work in 2 s
-    env.process(job("A", 2.0, 0, at=0.0))
-    env.process(job("B", 1.0, 1, at=1.0))
-    env.process(job("C", 1.0, 1, at=1.0))
-    env.run()
+    ends = _shared_lock_ends({"A": (2.0, 1.0, 0, 0.0), "B": (1.0, 1.0, 1, 1.0),
+                              "C": (1.0, 1.0, 1, 1.0)})
     assert ends == pytest.approx({"B": 3.0, "C": 3.0, "A": 4.0})
 
 
