@@ -50,10 +50,12 @@ from pipesim.cluster import SpanSlowdown
 from pipesim.plan import Plan
 
 
-def _stage_step(job: Callable, balance: Sequence[int], rank: int,
-                size: int) -> Callable[[], None]:
+def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
+                checkpoint: str = "never") -> Callable[[], dict[str, float]]:
     """One forward+backward of stage ``rank`` on ``size`` samples, as a pipeline runs it
-    (the executor's StageRunner, its inputs and output gradients synthesised)."""
+    (the executor's StageRunner, its inputs and output gradients synthesised; the forward
+    inside torch.utils.checkpoint with ``checkpoint="always"``).  The step returns the
+    seconds of its actions as the pipeline's recorder times them: ``{"F": .., "B": ..}``."""
     from executor.microbatch import scatter
     from executor.partition import split_module
     from executor.pipeline import stage_skips
@@ -65,7 +67,7 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int,
     module, loss_fn, x, y = job()
     if x.shape[0] < size:
         raise ValueError(f"the job's batch has {x.shape[0]} samples, the step needs {size}")
-    plan = Plan(list(balance), 1, size, checkpoint="never")
+    plan = Plan(list(balance), 1, size, checkpoint=checkpoint)
     shapes = message_shapes(module, plan, x[:size])
     stage = split_module(module, plan.balance)[rank]
     skips = stage_skips(module, plan)
@@ -73,10 +75,13 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int,
     xs, ys = scatter(x[:size].clone(), plan), scatter(y[:size].clone(), plan)
     device = torch.device("cpu")
 
-    def step() -> None:
+    def step() -> dict[str, float]:
+        recorder = Recorder(rank, device)
         runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device,
-                             SynthTransport(shapes, device), Recorder(rank, device), skips=skips)
+                             SynthTransport(shapes, device), recorder, skips=skips)
         runner.run(actions, xs, ys)
+        # rows: (iteration, device, stage, mb, kind, start, end, ...)
+        return {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
 
     return step
 
@@ -154,4 +159,80 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
     return out
 
 
-__all__ = ["stage_contention"]
+def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
+                sizes: Sequence[int], modes: Sequence[str], rounds: int, phase_s: float,
+                threads: int, out) -> None:
+    """Rank ``rank``'s side of :func:`stage_costs`: puts ``(rank, {(mode, size): (forward
+    seconds, backward seconds)})``, the medians of its steps run alone."""
+    torch.set_num_threads(threads)
+    retain_freed_memory()  # the pipelines' allocator policy
+    steps = {(mode, b): _stage_step(job, balance, rank, b, mode) for mode in modes for b in sizes}
+    for step in steps.values():  # warm-up: allocator, caches, autograd's first graphs
+        for _ in range(3):
+            step()
+    times: dict[tuple[str, int], dict[str, list[float]]] = {
+        key: {"F": [], "B": []} for key in steps}
+    for _ in range(rounds):
+        for key, step in steps.items():
+            for turn in range(len(balance)):  # one rank at a time, the others waiting
+                barrier.wait()
+                if turn != rank:
+                    continue
+                end = time.perf_counter() + phase_s
+                while True:  # at least one step, then until the phase's time is up
+                    for kind, seconds in step().items():
+                        times[key][kind].append(seconds)
+                    if time.perf_counter() >= end:
+                        break
+    out.put((rank, {key: (statistics.median(t["F"]), statistics.median(t["B"]))
+                    for key, t in times.items()}))
+
+
+def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
+                modes: Sequence[str] = ("never", "always"), rounds: int = 10,
+                phase_s: float = 0.02, threads: int = 1,
+                pin_cores: bool = True) -> list[dict]:
+    """What each stage's actions cost in the run's own code path and layout: per stage,
+    micro-batch size and checkpoint mode (``"never"``, ``"always"``: the forward inside
+    torch.utils.checkpoint, the backward recomputing), the median seconds of its forward
+    and backward as the pipeline's recorder times them, the stage alone on its rank's
+    cores (the other ranks waiting at a barrier, so no contention is in them).
+
+    The same processes and steps as :func:`stage_contention` (``job``, ``balance``,
+    ``threads``, ``pin_cores`` alike); rows ``{"first", "stop", "micro_batch",
+    "checkpointed", "fwd_s", "bwd_s"}``.  What a profile adds up layer by layer, measured
+    on the stage whole: the executor's per-action work, the stage's own cache footprint,
+    torch.utils.checkpoint entered once.  Seconds spent: about ``rounds * len(modes) *
+    len(sizes) * len(balance) * phase_s`` plus start-up.
+    """
+    if len(balance) < 2:
+        raise ValueError(f"stage costs need at least 2 stages, got balance {list(balance)}")
+    if rounds < 1 or phase_s <= 0:
+        raise ValueError(f"rounds must be >= 1 and phase_s > 0, got {rounds} and {phase_s}")
+    unknown = sorted(set(modes) - {"never", "always"})
+    if unknown:
+        raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
+    module, _, inputs, _ = job()
+    if sum(balance) != len(module):
+        raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
+                         f"has {len(module)}")
+    if max(sizes) > inputs.shape[0]:
+        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
+                         f"{inputs.shape[0]} samples")
+    world = len(balance)
+    barrier = mp.get_context("spawn").Barrier(world)
+    results = dict(_gather(_costs_loop, world,
+                           (barrier, job, list(balance), list(sizes), list(modes), rounds,
+                            phase_s, threads),
+                           expected=world, pin_cores=pin_cores))
+    out = []
+    first = 0
+    for rank, layers in enumerate(balance):
+        for (mode, b), (fwd, bwd) in sorted(results[rank].items()):
+            out.append({"first": first, "stop": first + layers, "micro_batch": int(b),
+                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd})
+        first += layers
+    return out
+
+
+__all__ = ["stage_contention", "stage_costs"]

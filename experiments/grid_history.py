@@ -79,12 +79,14 @@ def _git_show(commit: str, path: str) -> bytes:
 
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
-              slowdowns: str = "") -> pd.DataFrame:
+              slowdowns: str = "", costs: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
     the same with host slowdowns measured in place, from ``slowdowns``, see
-    :func:`experiments.validation.in_place_slowdowns`)."""
+    :func:`experiments.validation.in_place_slowdowns`; with ``costs``, a JSON file of
+    stage costs measured in place (``experiments/in_place_costs.py``),
+    ``predicted_ms_now_in_place_costs``: the same with each action those seconds)."""
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
@@ -93,6 +95,10 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             again = predict_saved(folder, tag, cluster_fields,
                                   in_place_slowdowns(folder, slowdowns, tag))
             table["predicted_ms_now_in_place"] = again.predicted_ms_now
+        if repredict and costs:
+            measured = json.loads(Path(costs).read_text())["costs"]
+            again = predict_saved(folder, tag, cluster_fields, costs=measured)
+            table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -175,9 +181,13 @@ def main() -> None:
                     help="with --repredict: also predict with host slowdowns measured in place "
                     "(predicted_ms_now_in_place): 'run' those each run measured, or a file "
                     "of them (experiments/in_place_contention.py)")
+    ap.add_argument("--costs", default="", metavar="FILE",
+                    help="with --repredict: also predict with each stage's actions timed in "
+                    "place (predicted_ms_now_in_place_costs), a file of "
+                    "experiments/in_place_costs.py")
     args = ap.parse_args()
-    if args.slowdowns and not args.repredict:
-        ap.error("--slowdowns needs --repredict")
+    if (args.slowdowns or args.costs) and not args.repredict:
+        ap.error("--slowdowns and --costs need --repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -191,7 +201,8 @@ def main() -> None:
         folders = list(args.runs) + committed_runs(args.git, Path(tmp), args.tag)
         if not folders:
             ap.error("no runs: give --git N or --runs")
-        runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns)
+        runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
+                         args.costs)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

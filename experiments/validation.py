@@ -195,7 +195,8 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
 
 def predict_saved(folder: Path, tag: str = "cpu",
                   cluster_fields: dict[str, float | None] | None = None,
-                  slowdowns: dict[str, list] | None = None) -> pd.DataFrame:
+                  slowdowns: dict[str, list] | None = None,
+                  costs: dict[str, list] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -206,7 +207,10 @@ def predict_saved(folder: Path, tag: str = "cpu",
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
     the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
     their dicts) give a model's cluster host slowdowns measured in place
-    (:func:`executor.in_place.stage_contention`; see :func:`in_place_slowdowns`)."""
+    (:func:`executor.in_place.stage_contention`; see :func:`in_place_slowdowns`);
+    ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
+    the seconds its stage was measured to take in place, where they were measured
+    (:func:`in_place_durations`)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -233,9 +237,29 @@ def predict_saved(folder: Path, tag: str = "cpu",
         plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), batch,
                     checkpoint=r.checkpoint, schedule=r.schedule,
                     virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
+        durations = (in_place_durations(plan, costs[r.model]) if costs and r.model in costs
+                     else None)
         now.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
+                                          durations=durations,
                                           track_memory=False)).iteration_time_s)
     return table.assign(predicted_ms_now=now)
+
+
+def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str, int], float]:
+    """``simulate``'s ``durations`` for ``plan`` from stage costs measured in place
+    (:func:`executor.in_place.stage_costs` rows): each forward and backward the seconds its
+    stage's layers took at its micro-batch's size, checkpointed or not as the plan has it;
+    actions whose stage, size or mode was not measured keep their profile."""
+    table = {(int(r["first"]), int(r["stop"]), int(r["micro_batch"]), bool(r["checkpointed"])):
+             (float(r["fwd_s"]), float(r["bwd_s"])) for r in rows}
+    out = {}
+    for s in range(plan.n_stages):
+        layers = plan.stage_layers(s)
+        for m, size in enumerate(plan.micro_batch_sizes):
+            measured = table.get((layers.start, layers.stop, size, plan.checkpointed(m)))
+            if measured is not None:
+                out[(s, "F", m)], out[(s, "B", m)] = measured
+    return out
 
 
 def in_place_slowdowns(folder: Path, source: str, tag: str = "cpu") -> dict[str, list]:

@@ -587,6 +587,33 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
         stage_contention(job, [2, 2], [16])
 
 
+def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_mode():
+    from executor.in_place import stage_costs
+    from experiments.validation import in_place_durations
+
+    job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
+    rows = stage_costs(job, [1, 3], [2, 8], rounds=2, phase_s=0.005, pin_cores=False)
+    assert sorted((r["first"], r["stop"], r["micro_batch"], r["checkpointed"]) for r in rows) == [
+        (0, 1, 2, False), (0, 1, 2, True), (0, 1, 8, False), (0, 1, 8, True),
+        (1, 4, 2, False), (1, 4, 2, True), (1, 4, 8, False), (1, 4, 8, True)]
+    assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
+    # a plan's actions take those seconds: its stage, its micro-batch's size, its mode
+    plan = Plan([1, 3], 4, 8, checkpoint="except_last")  # 4 micro-batches of 2 samples
+    durations = in_place_durations(plan, rows)
+    cost = {(r["first"], r["checkpointed"]): (r["fwd_s"], r["bwd_s"]) for r in rows
+            if r["micro_batch"] == 2}
+    assert durations[(1, "F", 0)] == cost[(1, True)][0]
+    assert durations[(1, "B", 3)] == cost[(1, False)][1]  # the last micro-batch: not
+    assert durations[(0, "F", 2)] == cost[(0, True)][0]
+    assert len(durations) == 2 * 2 * 4
+    # a size not measured keeps the profile's seconds
+    assert in_place_durations(Plan([1, 3], 2, 8), rows) == {}
+    with pytest.raises(ValueError, match="checkpoint modes must be 'never' or 'always'"):
+        stage_costs(job, [2, 2], [2], modes=("sometimes",))
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        stage_costs(job, [4], [2])
+
+
 def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():
     from executor.calibrate import measure_contention
 

@@ -1,0 +1,149 @@
+"""Each stage's actions timed in the run's own code path and layout: profile, in place, grid.
+
+The profile times layers one by one and the simulator adds them up into a stage; a grid's
+own actions (``action_costs.py``) run at 0.7-2.2x that sum, the single-layer first stages'
+backwards at 1.4-2.2x.  This measures, for every layout of the committed CPU grid (model,
+balance, micro-batch size, checkpointed or not), each stage's forward and backward as the
+pipeline runs them, the stage alone on its rank's pinned cores
+(:func:`executor.in_place.stage_costs`: the executor's StageRunner, the neighbours'
+tensors synthesised; no plan of the grid is run), and prints per stage:
+
+* ``profile``: the seconds the simulator gives the action alone (profile, isolation
+  correction, in-action overhead; the latest run's profile and calibration);
+* ``in_place``: the median measured here;
+* ``grid``: the median of the latest grid's actions that ran alone (under 10% of their
+  time beside the other rank's compute; ``action_costs.csv``), where there are any;
+
+then writes a file that ``grid_history.py --repredict --costs FILE`` applies to the runs
+pooled there (each action the seconds measured here, a what-if: this hour's measurement
+on other hours' runs)::
+
+    python experiments/action_costs.py           # the latest grid's actions (action_costs.csv)
+    python experiments/in_place_costs.py [--models mlp,gpt,unet] [--rounds 10]
+    python experiments/grid_history.py --git 7 --repredict \\
+        --costs experiments/results/in_place_costs.json
+
+Writes experiments/results/in_place_costs.csv (one row per model, stage, size, mode and
+pass) and .json (``costs``: model -> the rows).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+
+from executor.in_place import stage_costs
+from executor.models import builtin_job
+from experiments.common import RESULTS, machine, write_results
+from experiments.in_place_contention import layouts
+from experiments.validate import BATCH, MODELS
+from pipesim.cluster import Cluster
+from pipesim.costs import PlanCosts
+from pipesim.plan import Plan
+from pipesim.profile import Profile
+
+
+def profile_seconds(profile: Profile, cluster: Cluster, balance: list[int], size: int,
+                    checkpointed: bool) -> list[tuple[float, float]]:
+    """``(forward, backward)`` seconds the simulator gives each stage's actions alone at
+    ``size`` samples (profile, isolation correction, the cluster's in-action overhead)."""
+    plan = Plan(balance, 1, size, checkpoint="always" if checkpointed else "never")
+    costs = PlanCosts(profile, plan)
+    overhead = cluster.compute_overhead_s
+    return [(c.fwd_s + overhead, c.bwd_s + c.recompute_s + overhead)
+            for c in (costs.cost(s, 0) for s in range(plan.n_stages))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="mlp,gpt,unet")
+    ap.add_argument("--rounds", type=int, default=10, help="rounds of 20 ms phases")
+    ap.add_argument("--grid", type=Path, default=RESULTS / "validation_cpu.csv",
+                    help="the grid whose layouts are measured (its run's folder holds the "
+                    "profiles, calibration and action_costs.csv compared against)")
+    args = ap.parse_args()
+    grid = pd.read_csv(args.grid)
+    folder = args.grid.parent
+    cluster = Cluster.load(folder / "calibration_cpu.json")
+    grid_actions = (pd.read_csv(folder / "action_costs.csv")
+                    if (folder / "action_costs.csv").exists() else pd.DataFrame())
+    rows = []
+    for name in args.models.split(","):
+        job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+        profile = Profile.load(folder / f"profile_cpu_{name}.csv")
+        balances, sizes = layouts(grid, name)
+        for balance in balances:
+            t0 = time.perf_counter()
+            measured = stage_costs(job, balance, sizes, rounds=args.rounds)
+            print(f"{name} {balance} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            for r in measured:
+                stage = _firsts(balance).index(r["first"])
+                predicted = profile_seconds(profile, cluster, balance, r["micro_batch"],
+                                            r["checkpointed"])[stage]
+                rows.append({"model": name, "balance": ",".join(map(str, balance)),
+                             "stage": stage, **r, "profile_fwd_s": predicted[0],
+                             "profile_bwd_s": predicted[1],
+                             **_grid_alone(grid_actions, name, balance, stage,
+                                           BATCH // r["micro_batch"], r["checkpointed"])})
+    table = pd.DataFrame(rows)
+    shown = table.assign(**{
+        f"{what}_{kind}_ms": 1e3 * table[f"{prefix}{kind}_s"]
+        for what, prefix in (("profile", "profile_"), ("in_place", ""), ("grid", "grid_"))
+        for kind in ("fwd", "bwd")})
+    columns = ["model", "balance", "stage", "micro_batch", "checkpointed",
+               *[f"{w}_{k}_ms" for k in ("fwd", "bwd") for w in ("profile", "in_place", "grid")]]
+    with pd.option_context("display.width", 200, "display.max_rows", 400):
+        print(shown[columns].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    for kind in ("fwd", "bwd"):
+        for name, part in table.groupby("model"):
+            over_profile = (part[f"{kind}_s"] / part[f"profile_{kind}_s"]).median()
+            have = part.dropna(subset=[f"grid_{kind}_s"])
+            grid_over = ((have[f"grid_{kind}_s"] / have[f"{kind}_s"]).median()
+                         if len(have) else float("nan"))
+            print(f"{name} {kind}: in place / profile {over_profile:.2f} (median), "
+                  f"grid alone / in place {grid_over:.2f} over {len(have)} rows")
+    costs = {str(m): [{k: (bool(v) if k == "checkpointed" else v)
+                       for k, v in r.items()
+                       if k in ("first", "stop", "micro_batch", "checkpointed", "fwd_s", "bwd_s")}
+                      for r in part.to_dict("records")]
+             for m, part in table.groupby("model")}
+    path = write_results("in_place_costs", table,
+                         {**machine(), "grid": str(args.grid), "rounds": args.rounds,
+                          "costs": costs})
+    print(f"wrote {path}")
+
+
+def _firsts(balance: list[int]) -> list[int]:
+    return [sum(balance[:i]) for i in range(len(balance))]
+
+
+def _grid_alone(actions: pd.DataFrame, model: str, balance: list[int], stage: int,
+                chunks: int, checkpointed: bool) -> dict[str, float]:
+    """The latest grid's median seconds of the stage's forwards and backwards that ran
+    alone, over its plans at ``chunks`` micro-batches (``always`` for a checkpointed stage,
+    ``never`` else)."""
+    out = {"grid_fwd_s": float("nan"), "grid_bwd_s": float("nan")}
+    if actions.empty:
+        return out
+    mode = "always" if checkpointed else "never"
+    rows = actions[(actions.model == model) & (actions.balance == ",".join(map(str, balance)))
+                   & (actions.stage == stage) & (actions.chunks == chunks)
+                   & (actions.checkpoint == mode) & (actions.overlap == "alone")]
+    for kind, key in (("F", "grid_fwd_s"), ("B", "grid_bwd_s")):
+        part = rows[rows.kind == kind]
+        if len(part):
+            out[key] = float(part.measured_median_s.median())
+    return out
+
+
+__all__ = ["profile_seconds"]
+
+if __name__ == "__main__":
+    main()
