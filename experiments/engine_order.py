@@ -84,15 +84,16 @@ def main() -> None:
         print("share of overlapping backward pairs in which the one that arrived later ended "
               "first (_1: stage 1's arrived later, _0: stage 0's)")
         print(out.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    agree = {}
+    agree: dict[str, list[int]] = {}
     for v in ORDERS:
         hits = []
         for stage in (1, 0):
             both = out[[f"measured_{stage}", f"{v}_{stage}"]].dropna()
             hits += list((both.iloc[:, 0] > 0.5) == (both.iloc[:, 1] > 0.5))
-        agree[v] = float(sum(hits) / len(hits)) if hits else float("nan")
-    print("cases (group and direction) where model and run agree on whether the later "
-          "backward ends first: " + ", ".join(f"{v} {a:.0%}" for v, a in agree.items()))
+        agree[v] = [int(sum(hits)), len(hits)]
+    print("cases (group and direction, where the model has such pairs too) in which model and "
+          "run agree on whether the later backward ends first: "
+          + ", ".join(f"{v} {a} of {n}" for v, (a, n) in agree.items()))
     write_results("engine_order", out, {"source": str(LATEST_GPU), "variants": list(ORDERS),
                                         "agreement": agree})
 
