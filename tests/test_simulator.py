@@ -1158,3 +1158,20 @@ def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone
     assert f.loc[(0, "overlapping"), "ratio"] == pytest.approx(1.5)
     assert f.loc[(1, "overlapping"), "ratio"] == pytest.approx(1.5)
     assert [overlap_class(x) for x in (0.05, 0.5, 0.95)] == ["alone", "partly", "overlapping"]
+
+
+def test_an_overtaking_is_a_later_backward_of_the_other_stage_ending_first():
+    from experiments.engine_order import overtakings
+
+    #   stage 0  B(0,0) |==========|         B(0,1)      |====|
+    #   stage 1  B(1,1)    |===|     B(1,2) |======|
+    # B(1,1) arrived during B(0,0) and ended first (stage 1 overtook); B(0,1) arrived
+    # during B(1,2) and ended first (stage 0 overtook); the F is not a backward
+    actions = pd.DataFrame(
+        [(0, 0, 0, "B", 0.0, 10.0), (0, 1, 1, "B", 3.0, 6.0), (0, 1, 2, "B", 11.0, 18.0),
+         (0, 0, 1, "B", 12.0, 16.0), (0, 1, 3, "F", 1.0, 20.0)],
+        columns=["iteration", "stage", "microbatch", "kind", "start", "end"])
+    assert overtakings(actions) == {"pairs_1": 1, "over_1": 1, "pairs_0": 1, "over_0": 1}
+    # the same backwards without overlap: no pairs
+    apart = actions.assign(start=[0.0, 11.0, 30.0, 41.0, 1.0], end=[10.0, 14.0, 38.0, 45.0, 2.0])
+    assert overtakings(apart) == {"pairs_1": 0, "over_1": 0, "pairs_0": 0, "over_0": 0}
