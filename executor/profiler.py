@@ -10,7 +10,9 @@ a random output gradient (the last layer's forward includes the loss and its bac
 starts from the loss, as on a pipeline's last stage).  Times are medians over
 ``repeats`` after ``warmup`` runs, with CUDA events on GPU (and the host seconds of the
 issuing call beside them), and again inside ``torch.utils.checkpoint``.  Bytes come from autograd's
-saved-tensor hooks, each storage counted once, parameters excluded.
+saved-tensor hooks, each storage counted once, parameters excluded; the nodes each
+layer's forward adds to the autograd graph are counted from that same forward
+(``autograd_nodes``: what orders backwards on a device's autograd thread).
 """
 
 from __future__ import annotations
