@@ -120,6 +120,23 @@ def _in_place_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
                     for b in sizes}))
 
 
+def _check_layout(what: str, job: Callable, balance: Sequence[int], sizes: Sequence[int],
+                  rounds: int, phase_s: float) -> None:
+    """Raise ValueError, in the caller's process, for a layout the ranks cannot run (a
+    rank's error would only say it died)."""
+    if len(balance) < 2:
+        raise ValueError(f"{what} needs at least 2 stages, got balance {list(balance)}")
+    if rounds < 1 or phase_s <= 0:
+        raise ValueError(f"rounds must be >= 1 and phase_s > 0, got {rounds} and {phase_s}")
+    module, _, inputs, _ = job()
+    if sum(balance) != len(module):
+        raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
+                         f"has {len(module)}")
+    if max(sizes) > inputs.shape[0]:
+        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
+                         f"{inputs.shape[0]} samples")
+
+
 def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                      rounds: int = 20, phase_s: float = 0.02, threads: int = 1,
                      pin_cores: bool = True) -> list[SpanSlowdown]:
@@ -132,17 +149,7 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
     each on its own cores with ``pin_cores``, as the runs are placed).  Seconds spent:
     about ``rounds * len(sizes) * (len(balance) + 1) * phase_s`` plus start-up.
     """
-    if len(balance) < 2:
-        raise ValueError(f"contention needs at least 2 stages, got balance {list(balance)}")
-    if rounds < 1 or phase_s <= 0:
-        raise ValueError(f"rounds must be >= 1 and phase_s > 0, got {rounds} and {phase_s}")
-    module, _, inputs, _ = job()  # checked here: a rank's error would only say it died
-    if sum(balance) != len(module):
-        raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
-                         f"has {len(module)}")
-    if max(sizes) > inputs.shape[0]:
-        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
-                         f"{inputs.shape[0]} samples")
+    _check_layout("contention", job, balance, sizes, rounds, phase_s)
     world = len(balance)
     barrier = mp.get_context("spawn").Barrier(world)
     results = dict(_gather(_in_place_loop, world,
@@ -205,20 +212,10 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     torch.utils.checkpoint entered once.  Seconds spent: about ``rounds * len(modes) *
     len(sizes) * len(balance) * phase_s`` plus start-up.
     """
-    if len(balance) < 2:
-        raise ValueError(f"stage costs need at least 2 stages, got balance {list(balance)}")
-    if rounds < 1 or phase_s <= 0:
-        raise ValueError(f"rounds must be >= 1 and phase_s > 0, got {rounds} and {phase_s}")
     unknown = sorted(set(modes) - {"never", "always"})
     if unknown:
         raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
-    module, _, inputs, _ = job()
-    if sum(balance) != len(module):
-        raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
-                         f"has {len(module)}")
-    if max(sizes) > inputs.shape[0]:
-        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
-                         f"{inputs.shape[0]} samples")
+    _check_layout("stage costs", job, balance, sizes, rounds, phase_s)
     world = len(balance)
     barrier = mp.get_context("spawn").Barrier(world)
     results = dict(_gather(_costs_loop, world,
