@@ -87,6 +87,7 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     :func:`experiments.validation.in_place_slowdowns`; with ``costs``, a JSON file of
     stage costs measured in place (``experiments/in_place_costs.py``),
     ``predicted_ms_now_in_place_costs``: the same with each action those seconds)."""
+    measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
@@ -95,8 +96,7 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             again = predict_saved(folder, tag, cluster_fields,
                                   in_place_slowdowns(folder, slowdowns, tag))
             table["predicted_ms_now_in_place"] = again.predicted_ms_now
-        if repredict and costs:
-            measured = json.loads(Path(costs).read_text())["costs"]
+        if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))

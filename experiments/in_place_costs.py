@@ -23,8 +23,8 @@ on other hours' runs)::
     python experiments/grid_history.py --git 7 --repredict \\
         --costs experiments/results/in_place_costs.json
 
-Writes experiments/results/in_place_costs.csv (one row per model, stage, size, mode and
-pass) and .json (``costs``: model -> the rows).
+Writes experiments/results/in_place_costs.csv (one row per model, stage, size and mode)
+and .json (``costs``: model -> the rows).
 """
 
 from __future__ import annotations
@@ -83,10 +83,13 @@ def main() -> None:
             t0 = time.perf_counter()
             measured = stage_costs(job, balance, sizes, rounds=args.rounds)
             print(f"{name} {balance} ({time.perf_counter() - t0:.0f} s)", flush=True)
+            stage_of = {first: s for s, first in enumerate(_firsts(balance))}
+            # the simulator's seconds, once per size and mode (every stage at once)
+            alone = {(b, ckpt): profile_seconds(profile, cluster, balance, b, ckpt)
+                     for b in sizes for ckpt in (False, True)}
             for r in measured:
-                stage = _firsts(balance).index(r["first"])
-                predicted = profile_seconds(profile, cluster, balance, r["micro_batch"],
-                                            r["checkpointed"])[stage]
+                stage = stage_of[r["first"]]
+                predicted = alone[(r["micro_batch"], r["checkpointed"])][stage]
                 rows.append({"model": name, "balance": ",".join(map(str, balance)),
                              "stage": stage, **r, "profile_fwd_s": predicted[0],
                              "profile_bwd_s": predicted[1],
@@ -142,8 +145,6 @@ def _grid_alone(actions: pd.DataFrame, model: str, balance: list[int], stage: in
             out[key] = float(part.measured_median_s.median())
     return out
 
-
-__all__ = ["profile_seconds"]
 
 if __name__ == "__main__":
     main()
