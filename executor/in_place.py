@@ -46,22 +46,50 @@ import torch.multiprocessing as mp
 
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
-from pipesim.cluster import SpanSlowdown
+from executor.stage_alone import SynthTransport
+from pipesim.cluster import IdleCost, SpanSlowdown
 from pipesim.plan import Plan
 
 
+class _Late(SynthTransport):
+    """A synthesised transport whose messages of ``kind`` (``"F"``: the stage's input,
+    ``"B"``: its output gradient) arrive ``idle_s`` seconds after the stage asks for them:
+    the rank sleeps before that action, as a pipeline's rank blocks on a message that is
+    not there yet."""
+
+    def __init__(self, shapes, device: torch.device, kind: str, idle_s: float):
+        super().__init__(shapes, device)
+        self.kind, self.idle_s = kind, idle_s
+
+    def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
+        if kind == self.kind:
+            time.sleep(self.idle_s)
+        return super().recv(stage, kind, mb, src_stage)
+
+
+#: an in-place step with no idle: each message there when asked for
+HOT = ("", 0.0)
+#: seconds of untimed steps before each timed one of :func:`idle_costs` (two at least):
+#: what it takes a rank to run at its steady pace again after a wait
+SETTLE_S = 0.01
+
+
 def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
-                checkpoint: str = "never") -> Callable[[], dict[str, float]]:
+                checkpoint: str = "never", idle: tuple[str, float] = HOT
+                ) -> Callable[[], dict[str, float]]:
     """One forward+backward of stage ``rank`` on ``size`` samples, as a pipeline runs it
     (the executor's StageRunner, its inputs and output gradients synthesised; the forward
-    inside torch.utils.checkpoint with ``checkpoint="always"``).  The step returns the
-    seconds of its actions as the pipeline's recorder times them: ``{"F": .., "B": ..}``."""
+    inside torch.utils.checkpoint with ``checkpoint="always"``).  With ``idle = (kind,
+    seconds)`` the rank sleeps that long before the action ``kind``: ``"F"`` for its input
+    (on a first stage, before the step), ``"B"`` for its output gradient, between the two
+    (a last stage starts its backward from its own loss, never waiting).  The step returns
+    the seconds of its actions as the pipeline's recorder times them: ``{"F": .., "B": ..}``."""
     from executor.microbatch import scatter
     from executor.partition import split_module
     from executor.pipeline import stage_skips
     from executor.recorder import Recorder
     from executor.stage import StageRunner
-    from executor.stage_alone import SynthTransport, message_shapes
+    from executor.stage_alone import message_shapes
     from pipesim.schedule import build_schedule
 
     module, loss_fn, x, y = job()
@@ -77,8 +105,13 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
 
     def step() -> dict[str, float]:
         recorder = Recorder(rank, device)
-        runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device,
-                             SynthTransport(shapes, device), recorder, skips=skips)
+        kind, seconds = idle
+        transport = (_Late(shapes, device, kind, seconds) if seconds > 0
+                     else SynthTransport(shapes, device))
+        if kind == "F" and rank == 0:  # its input is data: the wait comes before the step
+            time.sleep(seconds)
+        runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device, transport, recorder,
+                             skips=skips)
         runner.run(actions, xs, ys)
         # rows: (iteration, device, stage, mb, kind, start, end, ...)
         return {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
@@ -167,17 +200,24 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
 
 
 def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
-                sizes: Sequence[int], modes: Sequence[str], rounds: int, phase_s: float,
-                threads: int, out) -> None:
-    """Rank ``rank``'s side of :func:`stage_costs`: puts ``(rank, {(mode, size): (forward
-    seconds, backward seconds)})``, the medians of its steps run alone."""
+                sizes: Sequence[int], modes: Sequence[str], idles: Sequence[tuple[str, float]],
+                rounds: int, phase_s: float, threads: int, settle_s: float, out) -> None:
+    """Rank ``rank``'s side of :func:`stage_costs` and :func:`idle_costs`: puts ``(rank,
+    {(mode, size, idle): (forward seconds, backward seconds)})``, the medians of its steps
+    run alone (``idle``: ``(action, seconds)`` it sleeps before, see :func:`_stage_step`).
+    With ``settle_s``, each phase starts with untimed steps without the idle, two at least
+    and ``settle_s`` seconds of them: the rank has just waited at the barrier for the
+    other ranks' phases, and after a wait its steps run slow for a few milliseconds
+    (2026-11-25, MLP [4,4] stage 0 at 2 samples after 20 ms: forward 0.99, 0.53, 0.50,
+    then 0.36-0.39 ms)."""
     torch.set_num_threads(threads)
     retain_freed_memory()  # the pipelines' allocator policy
-    steps = {(mode, b): _stage_step(job, balance, rank, b, mode) for mode in modes for b in sizes}
+    steps = {(mode, b, idle): _stage_step(job, balance, rank, b, mode, idle)
+             for mode in modes for b in sizes for idle in idles}
     for step in steps.values():  # warm-up: allocator, caches, autograd's first graphs
         for _ in range(3):
             step()
-    times: dict[tuple[str, int], dict[str, list[float]]] = {
+    times: dict[tuple[str, int, tuple[str, float]], dict[str, list[float]]] = {
         key: {"F": [], "B": []} for key in steps}
     for _ in range(rounds):
         for key, step in steps.items():
@@ -185,6 +225,11 @@ def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
                 barrier.wait()
                 if turn != rank:
                     continue
+                if settle_s > 0:
+                    settled, end = 0, time.perf_counter() + settle_s
+                    while settled < 2 or time.perf_counter() < end:
+                        steps[(key[0], key[1], HOT)]()
+                        settled += 1
                 end = time.perf_counter() + phase_s
                 while True:  # at least one step, then until the phase's time is up
                     for kind, seconds in step().items():
@@ -212,24 +257,92 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     torch.utils.checkpoint entered once.  Seconds spent: about ``rounds * len(modes) *
     len(sizes) * len(balance) * phase_s`` plus start-up.
     """
+    out = []
+    for (first, stop, _), results in _alone(job, balance, sizes, modes, (HOT,), rounds,
+                                               phase_s, threads, pin_cores, "stage costs"):
+        for (mode, b, _), (fwd, bwd) in sorted(results.items()):
+            out.append({"first": first, "stop": stop, "micro_batch": int(b),
+                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd})
+    return out
+
+
+def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: Sequence[str],
+           idles: Sequence[tuple[str, float]], rounds: int, phase_s: float, threads: int,
+           pin_cores: bool, what: str, settle_s: float = 0.0
+           ) -> list[tuple[tuple[int, int, int], dict]]:
+    """:func:`_costs_loop` on every rank of ``balance``: per stage ``((first, stop, rank),
+    {(mode, size, idle): (forward s, backward s)})``."""
     unknown = sorted(set(modes) - {"never", "always"})
     if unknown:
         raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
-    _check_layout("stage costs", job, balance, sizes, rounds, phase_s)
+    _check_layout(what, job, balance, sizes, rounds, phase_s)
     world = len(balance)
     barrier = mp.get_context("spawn").Barrier(world)
     results = dict(_gather(_costs_loop, world,
-                           (barrier, job, list(balance), list(sizes), list(modes), rounds,
-                            phase_s, threads),
+                           (barrier, job, list(balance), list(sizes), list(modes),
+                            list(idles), rounds, phase_s, threads, settle_s),
                            expected=world, pin_cores=pin_cores))
-    out = []
-    first = 0
+    out, first = [], 0
     for rank, layers in enumerate(balance):
-        for (mode, b), (fwd, bwd) in sorted(results[rank].items()):
-            out.append({"first": first, "stop": first + layers, "micro_batch": int(b),
-                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd})
+        out.append(((first, first + layers, rank), results[rank]))
         first += layers
     return out
 
 
-__all__ = ["stage_contention", "stage_costs"]
+def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
+               idle_s: Sequence[float] = (0.0005, 0.002, 0.005, 0.02),
+               kinds: Sequence[str] = ("F", "B"), modes: Sequence[str] = ("never", "always"),
+               rounds: int = 15, threads: int = 1, pin_cores: bool = True) -> list[IdleCost]:
+    """What an action costs more when its rank has slept before it, measured in place.
+
+    Each stage alone on its rank's cores (as :func:`stage_costs`), its step run with every
+    message there at once and with the rank sleeping ``idle`` seconds before its forward
+    (for its input) or its backward (for its output gradient), for each ``idle`` in
+    ``idle_s``, in turn within each round so that the machine's drift weighs on all
+    alike::
+
+        hot        |F|B|            |F|B|
+        before B   |F|---- idle ----|B.....|        B.....: slower by `seconds`
+        before F   |---- idle ----|F.....|B|
+
+    On this project's shared VM what a rank touched fades from its caches while it waits
+    (other tenants' work: spinning instead of sleeping fades it as much), and the action
+    after a wait pays the misses: a backward 0.1-0.3 ms more after 2 ms, 0.3-0.9 ms after
+    20 ms, 0.6-1.2 ms checkpointed (2026-11-25, ``experiments/idle_costs.py``), nearly the
+    same at every micro-batch size.  On a stage whose actions take milliseconds one step's
+    own noise is larger than that, so ``seconds`` is the median over the sizes of (the
+    median action after the idle less the median hot one); ``after_idle_s`` keeps each
+    size's own median and ``hot_s`` the hot one.  One :class:`pipesim.cluster.IdleCost`
+    per stage, action kind, size, checkpoint mode and idle (no backward of the last
+    stage: it starts from its own loss, never waiting).  Each timed step follows
+    :data:`SETTLE_S` of untimed ones (two at least), so that "at once" is the rank's steady
+    pace.  Seconds spent: about ``rounds * len(modes) * len(sizes) * len(balance) *
+    (len(kinds) * len(idle_s) + 1)`` times (two steps or 10 ms, the step, the idle):
+    10-20 minutes for the CPU grid's six layouts.
+    """
+    idles = sorted({float(d) for d in idle_s})
+    if not idles or idles[0] <= 0:
+        raise ValueError(f"idle_s must hold positive seconds, got {list(idle_s)}")
+    if not kinds or set(kinds) - {"F", "B"}:
+        raise ValueError(f"kinds must be 'F' and/or 'B', got {list(kinds)}")
+    keys = [HOT, *((kind, idle) for kind in kinds for idle in idles)]
+    out = []
+    # phase_s 0: one step a phase, each idle of a round beside the hot step
+    for (first, stop, rank), results in _alone(job, balance, sizes, modes, keys, rounds, 1e-9,
+                                               threads, pin_cores, "idle costs",
+                                               settle_s=SETTLE_S):
+        for mode in modes:
+            for kind in kinds:
+                if kind == "B" and rank == len(balance) - 1:
+                    continue
+                k = 0 if kind == "F" else 1
+                for idle in idles:
+                    hot = {b: results[(mode, b, HOT)][k] for b in sizes}
+                    after = {b: results[(mode, b, (kind, idle))][k] for b in sizes}
+                    seconds = statistics.median(after[b] - hot[b] for b in sizes)
+                    out += [IdleCost(first, stop, int(b), mode == "always", idle, seconds,
+                                     kind, hot[b], after[b]) for b in sizes]
+    return out
+
+
+__all__ = ["idle_costs", "stage_contention", "stage_costs"]

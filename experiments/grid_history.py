@@ -20,7 +20,8 @@ max |error| (per model too), each run's own, the run-to-run scatter, and Spearma
 regret of each run's choice judged by the pooled times (median over runs).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
-                                       [--slowdowns run|FILE]]
+                                       [--slowdowns run|FILE] [--costs FILE]
+                                       [--idle run|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -79,15 +80,19 @@ def _git_show(commit: str, path: str) -> bytes:
 
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
-              slowdowns: str = "", costs: str = "") -> pd.DataFrame:
+              slowdowns: str = "", costs: str = "", idle: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
     the same with host slowdowns measured in place, from ``slowdowns``, see
     :func:`experiments.validation.in_place_slowdowns`; with ``costs``, a JSON file of
     stage costs measured in place (``experiments/in_place_costs.py``),
-    ``predicted_ms_now_in_place_costs``: the same with each action those seconds)."""
+    ``predicted_ms_now_in_place_costs``: the same with each action those seconds; with
+    ``idle``, ``"run"`` or a JSON file of the actions' idle costs measured in place
+    (``experiments/idle_costs.py``), ``predicted_ms_now_idle``: the same with them)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
+    idled = (json.loads(Path(idle).read_text())["idle_costs"]
+             if repredict and idle and idle != "run" else None)
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
@@ -99,6 +104,12 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
         if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
+        if repredict and idle:
+            # "run": the idle costs each run measured (none before 2026-11-25 evening)
+            own = (json.loads((folder / f"validation_{tag}.json").read_text())
+                   .get("summary", {}).get("idle_costs", {}) if idle == "run" else idled)
+            again = predict_saved(folder, tag, cluster_fields, idle=own)
+            table["predicted_ms_now_idle"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -185,9 +196,13 @@ def main() -> None:
                     help="with --repredict: also predict with each stage's actions timed in "
                     "place (predicted_ms_now_in_place_costs), a file of "
                     "experiments/in_place_costs.py")
+    ap.add_argument("--idle", default="", metavar="run|FILE",
+                    help="with --repredict: also predict with the actions' idle costs "
+                    "measured in place (predicted_ms_now_idle): 'run' those each run "
+                    "measured, or a file of them (experiments/idle_costs.py)")
     args = ap.parse_args()
-    if (args.slowdowns or args.costs) and not args.repredict:
-        ap.error("--slowdowns and --costs need --repredict")
+    if (args.slowdowns or args.costs or args.idle) and not args.repredict:
+        ap.error("--slowdowns, --costs and --idle need --repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -202,7 +217,7 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
-                         args.costs)
+                         args.costs, args.idle)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

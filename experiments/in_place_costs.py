@@ -44,21 +44,9 @@ from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
+from experiments.validation import profile_seconds
 from pipesim.cluster import Cluster
-from pipesim.costs import PlanCosts
-from pipesim.plan import Plan
 from pipesim.profile import Profile
-
-
-def profile_seconds(profile: Profile, cluster: Cluster, balance: list[int], size: int,
-                    checkpointed: bool) -> list[tuple[float, float]]:
-    """``(forward, backward)`` seconds the simulator gives each stage's actions alone at
-    ``size`` samples (profile, isolation correction, the cluster's in-action overhead)."""
-    plan = Plan(balance, 1, size, checkpoint="always" if checkpointed else "never")
-    costs = PlanCosts(profile, plan)
-    overhead = cluster.compute_overhead_s
-    return [(c.fwd_s + overhead, c.bwd_s + c.recompute_s + overhead)
-            for c in (costs.cost(s, 0) for s in range(plan.n_stages))]
 
 
 def main() -> None:

@@ -35,7 +35,7 @@ import torch
 
 from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
-from executor.in_place import stage_contention
+from executor.in_place import idle_costs, stage_contention
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
@@ -55,6 +55,7 @@ from experiments.validation import (
     replay_error,
     save_measured_actions,
     summarise,
+    with_profile_seconds,
     without_columns,
 )
 from pipesim.plot import scatter_predicted_measured
@@ -66,6 +67,9 @@ MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
 BATCH = 32
 #: steps per phase of the sustained host-contention ablation (see host_contention)
 SUSTAINED_STEPS = 200
+#: rounds of the idle costs measured in place per balance with ``--idle-costs``
+#: (``executor.in_place.idle_costs``: 2-3 minutes a balance of GPT or U-Net, 1 of MLP)
+IDLE_ROUNDS = 10
 #: seconds of iterations a plan is measured at least, each pass: on this 2-core VM one
 #: iteration of a short plan (MLP, ~10 ms) varies by 8% (CV) against 2-3% for GPT and U-Net
 #: (~50-150 ms), so the three iterations that suit those leave a short plan's median noisy
@@ -96,6 +100,9 @@ def main() -> None:
                     help="each rank on its own cores, in the calibration too (default; "
                     "--no-pin leaves placement to the operating system)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    ap.add_argument("--idle-costs", action="store_true",
+                    help="also measure each balance's idle costs in place and predict with "
+                    "them (the ablation idle_costs; about 11 more minutes)")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
@@ -136,6 +143,7 @@ def main() -> None:
                                  pin_cores=args.pin)]
     model_readings: dict[str, float] = {}
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
+    idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
@@ -172,6 +180,14 @@ def main() -> None:
                                                                    for b in p.micro_batch_sizes}),
                                              threads=args.threads, pin_cores=args.pin)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
+        # the ablation idle_costs (--idle-costs): each balance's actions after their rank
+        # idled, against at its steady pace, in place (executor.in_place.idle_costs; read
+        # against the profile below, taken in the same run)
+        waited = {balance: idle_costs(job, balance, sorted({b for p in plans
+                                                            for b in p.micro_batch_sizes}),
+                                      rounds=IDLE_ROUNDS, threads=args.threads,
+                                      pin_cores=args.pin)
+                  for balance in sorted({tuple(p.balance) for p in plans})} if args.idle_costs else {}
 
         # (from the predicted iteration time: once per plan, for every pass)
         counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
@@ -193,6 +209,9 @@ def main() -> None:
         prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
         drifts[name] = profile_drift(before, after)
+        waits = [row for balance, rows in waited.items()
+                 for row in with_profile_seconds(rows, prof, cluster, balance)]
+        idle[name] = [dataclasses.asdict(row) for row in waits]
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
@@ -212,6 +231,9 @@ def main() -> None:
                                                                     host_contention=own)),
                      "in_place_contention": (prof, dataclasses.replace(
                          model_cluster, host_slowdowns=tuple(spans))),
+                     **({"idle_costs": (prof, dataclasses.replace(model_cluster,
+                                                                  idle_costs=tuple(waits)))}
+                        if waits else {}),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
@@ -256,6 +278,7 @@ def main() -> None:
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
+    summary["idle_costs"] = idle
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,

@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import Cluster
+from pipesim.cluster import Cluster, IdleCost
 from pipesim.compare import compare
+from pipesim.costs import PlanCosts
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
@@ -196,7 +197,8 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
 def predict_saved(folder: Path, tag: str = "cpu",
                   cluster_fields: dict[str, float | None] | None = None,
                   slowdowns: dict[str, list] | None = None,
-                  costs: dict[str, list] | None = None) -> pd.DataFrame:
+                  costs: dict[str, list] | None = None,
+                  idle: dict[str, list] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -210,7 +212,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     (:func:`executor.in_place.stage_contention`; see :func:`in_place_slowdowns`);
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
     the seconds its stage was measured to take in place, where they were measured
-    (:func:`in_place_durations`)."""
+    (:func:`in_place_durations`); ``idle`` (model -> :class:`pipesim.cluster.IdleCost`
+    rows or their dicts) a model's cluster the backwards' idle costs measured in place
+    (:func:`executor.in_place.idle_costs`)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -230,7 +234,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
             bracketed(cluster, around(readings, i, [cluster.host_contention]),
                       around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
                       around(in_action_readings, i, ())),
-            host_slowdowns=tuple((slowdowns or {}).get(m, ())), **(cluster_fields or {}))
+            host_slowdowns=tuple((slowdowns or {}).get(m, ())),
+            idle_costs=tuple(IdleCost(**x) if isinstance(x, dict) else x
+                             for x in (idle or {}).get(m, ())), **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
@@ -243,6 +249,31 @@ def predict_saved(folder: Path, tag: str = "cpu",
                                           durations=durations,
                                           track_memory=False)).iteration_time_s)
     return table.assign(predicted_ms_now=now)
+
+
+def profile_seconds(profile: Profile, cluster: Cluster, balance: list[int], size: int,
+                    checkpointed: bool) -> list[tuple[float, float]]:
+    """``(forward, backward)`` seconds the simulator gives each stage's actions alone at
+    ``size`` samples (profile, isolation correction, the cluster's in-action overhead)."""
+    plan = Plan(balance, 1, size, checkpoint="always" if checkpointed else "never")
+    costs = PlanCosts(profile, plan)
+    overhead = cluster.compute_overhead_s
+    return [(c.fwd_s + overhead, c.bwd_s + c.recompute_s + overhead)
+            for c in (costs.cost(s, 0) for s in range(plan.n_stages))]
+
+
+def with_profile_seconds(rows: Sequence[IdleCost], profile: Profile, cluster: Cluster,
+                         balance: Sequence[int]) -> list[IdleCost]:
+    """``rows`` of :func:`executor.in_place.idle_costs` for ``balance`` with ``profile_s``:
+    the seconds the simulator gives each action alone from ``profile``
+    (:func:`profile_seconds`), a profile taken in the same session as the rows, so that
+    the simulator reads them against the profile's own regime
+    (:meth:`pipesim.cluster.Cluster.idle_cost`)."""
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    alone = {(b, ckpt): profile_seconds(profile, cluster, list(balance), b, ckpt)
+             for b in {r.micro_batch for r in rows} for ckpt in (False, True)}
+    return [dataclasses.replace(r, profile_s=alone[(r.micro_batch, r.checkpointed)][
+        firsts.index(r.first)][0 if r.kind == "F" else 1]) for r in rows]
 
 
 def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str, int], float]:

@@ -89,6 +89,36 @@ class SpanSlowdown:
     slowdown: float
 
 
+@dataclass(frozen=True)
+class IdleCost:
+    """What a forward or backward (``kind``, ``"F"`` or ``"B"``) of layers ``[first,
+    stop)`` at ``micro_batch`` samples (checkpointed or not) costs more, ``seconds``, when
+    its rank slept ``idle_s`` seconds before it, measured in place: the stage alone on its
+    rank's cores, its message given at once and after ``idle_s``
+    (:func:`executor.in_place.idle_costs`).  On a shared host what a rank touched fades
+    from its caches while it waits: the action after the wait pays the misses::
+
+        message there    |F|B|
+        after a wait     |F|------ idle_s ------|B.......|     (B....: + seconds)
+    """
+
+    first: int
+    stop: int
+    micro_batch: int
+    checkpointed: bool
+    idle_s: float
+    seconds: float
+    kind: str = "B"
+    #: the action's own seconds at this size, its message there at once and after the idle
+    #: (records, but for ``hot_s`` beside ``profile_s``)
+    hot_s: float = 0.0
+    after_idle_s: float = 0.0
+    #: the seconds the simulator gives the action alone from a profile taken in the same
+    #: session (0: none): then ``Cluster.idle_cost`` reads the curve relative to the
+    #: profile's own regime, ``profile_s - hot_s``
+    profile_s: float = 0.0
+
+
 @dataclass
 class Cluster:
     """Workers, links and overheads (seconds, bytes, bytes/second)."""
@@ -121,6 +151,13 @@ class Cluster:
     #: ``1 / slowdown`` of its speed while another rank of its host computes, instead of
     #: what ``host_contention`` says; spans without one keep ``host_contention``
     host_slowdowns: tuple[SpanSlowdown, ...] = ()
+    #: what an action costs more after its worker idled (:class:`IdleCost`, measured in
+    #: place per span, kind, size, checkpoint mode and idle): a forward or backward that
+    #: starts ``g`` seconds after its worker's previous action ended pays the measured
+    #: seconds at ``g`` (linear between the idles measured, 0 at none, the longest's beyond
+    #: it), less the profile's excess over the action at once where that was measured
+    #: (:meth:`idle_cost`).  Empty: no such cost
+    idle_costs: tuple[IdleCost, ...] = ()
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
     #: limit
@@ -173,6 +210,14 @@ class Cluster:
             if not x.slowdown >= 1.0 or math.isinf(x.slowdown):
                 raise ClusterError(f"host slowdown of layers [{x.first}, {x.stop}) at "
                                    f"{x.micro_batch} samples must be >= 1, got {x.slowdown}")
+        self.idle_costs = tuple(x if isinstance(x, IdleCost) else IdleCost(**x)
+                                for x in self.idle_costs)
+        for cost in self.idle_costs:
+            if not cost.idle_s > 0 or not math.isfinite(cost.seconds) or cost.kind not in ("F", "B"):
+                raise ClusterError(f"idle cost of layers [{cost.first}, {cost.stop}) at "
+                                   f"{cost.micro_batch} samples needs idle_s > 0, finite "
+                                   f"seconds and kind 'F' or 'B', got {cost.idle_s}, "
+                                   f"{cost.seconds} and {cost.kind!r}")
         if not self.link.bandwidth_Bps > 0:
             raise ClusterError(f"link bandwidth must be positive, got {self.link.bandwidth_Bps}")
 
@@ -192,10 +237,35 @@ class Cluster:
         beyond them; None where that span was not measured."""
         points = sorted((x.micro_batch, x.slowdown) for x in self.host_slowdowns
                         if x.first == first and x.stop == stop)
-        if not points:
-            return None
-        sizes = [math.log2(b) for b, _ in points]
-        return float(np.interp(math.log2(size), sizes, [v for _, v in points]))
+        return _in_log2_size(points, size) if points else None
+
+    def idle_cost(self, first: int, stop: int, size: float, checkpointed: bool,
+                  kind: str = "B") -> tuple[tuple[float, float], ...]:
+        """What a ``kind`` action of layers ``[first, stop)`` at ``size`` samples costs more
+        than its profile after its worker idled, from the :class:`IdleCost` rows:
+        ``((idle seconds, extra seconds), ...)`` by idle, from idle 0 on, each point linear
+        in log2(size) between the measured sizes (the nearest one's beyond them); ``()``
+        where that span was not measured.  A wait never makes an action cheaper than at
+        once: measured differences below 0 are the noise and read as 0.  Where the rows
+        carry ``profile_s``, every point is less the profile's excess over the action at
+        once, ``profile_s - hot_s`` (the profile's own regime, measured)::
+
+            extra(idle) = seconds(idle) - (profile_s - hot_s)      seconds(0) = 0
+        """
+        rows = [x for x in self.idle_costs
+                if (x.first, x.stop, x.checkpointed, x.kind) == (first, stop, checkpointed, kind)]
+        if not rows:
+            return ()
+        idles = sorted({x.idle_s for x in rows})
+        offset = 0.0
+        if all(x.profile_s > 0 for x in rows):
+            offset = _in_log2_size(sorted((x.micro_batch, x.profile_s - x.hot_s) for x in rows
+                                          if x.idle_s == idles[0]), size)
+        curve = [(0.0, -offset)]
+        for idle in idles:
+            points = sorted((x.micro_batch, max(x.seconds, 0.0)) for x in rows if x.idle_s == idle)
+            curve.append((idle, _in_log2_size(points, size) - offset))
+        return tuple(curve)
 
     # ---------------------------------------------------------------- presets
     @classmethod
@@ -258,6 +328,7 @@ class Cluster:
                        host_contention=float(d.get("host_contention", 0.0)),
                        host_slowdowns=tuple(SpanSlowdown(**x)
                                             for x in d.get("host_slowdowns", ())),
+                       idle_costs=tuple(IdleCost(**x) for x in d.get("idle_costs", ())),
                        host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),
@@ -280,3 +351,10 @@ class Cluster:
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _in_log2_size(points: list[tuple[int, float]], size: float) -> float:
+    """``points`` (micro-batch size, value), sorted by size, read at ``size``: linear in
+    log2(size) between them, the nearest one's value beyond them."""
+    return float(np.interp(math.log2(size), [math.log2(b) for b, _ in points],
+                           [v for _, v in points]))

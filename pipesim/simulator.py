@@ -249,6 +249,7 @@ class _Run:
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
+        idled = -1.0  # when the worker's last compute action ended (-1: none yet)
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
@@ -276,6 +277,11 @@ class _Run:
                 for category, nbytes in step.alloc_start:
                     deltas.append((device, start, nbytes, category))
             seconds = step.seconds
+            if step.idle_curve and idled >= 0:
+                # what faded from the caches while the worker waited (Cluster.idle_costs)
+                curve = step.idle_curve
+                seconds = max(seconds + float(np.interp(start - idled, [p[0] for p in curve],
+                                                        [p[1] for p in curve])), 0.0)
             if jitter is not None and rng is not None:
                 seconds *= jitter.stragglers.get(w, 1.0)
                 if jitter.sigma:
@@ -310,7 +316,7 @@ class _Run:
                     step.interpreter_s * scale, step.interpreter_slowdown)])
             else:
                 yield progress(seconds, step.host_slowdown)
-            end = env.now
+            end = idled = env.now
             # the recomputation's end: as timed, else its share of the action (none: start)
             r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s
                      else start + (end - start) * step.recompute_s / step.seconds)

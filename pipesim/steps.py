@@ -64,6 +64,11 @@ class Step(NamedTuple):
     #: measured its span in place (:attr:`pipesim.cluster.Cluster.host_slowdowns`; 1: the
     #: host law's ``host_contention`` alone, or a measured duration)
     host_slowdown: float = 1.0
+    #: what it costs more (less: negative) than ``seconds`` after its worker idled:
+    #: ``((idle seconds, extra seconds), ...)`` from idle 0 on, read linearly at the idle
+    #: before it (the last point's beyond); empty: nothing (:meth:`StepBuilder.idle_curve`;
+    #: a forward or a full backward)
+    idle_curve: tuple[tuple[float, float], ...] = ()
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -159,7 +164,8 @@ class StepBuilder:
                          parts((ACTIVATIONS, c.keep_bytes), (TEMPORARIES, -t)), send,
                          recv_bytes=recv,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
-                         interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow)
+                         interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
+                         idle_curve=self.idle_curve(s, mb, FORWARD) if measured is None else ())
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -238,6 +244,7 @@ class StepBuilder:
             engine, engine_recompute = engine * factor, engine_recompute * factor
             seconds, recompute, held, engine_held = measured, min(recompute, measured), 0.0, 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
+        idle = self.idle_curve(s, mb, BACKWARD) if kind == BACKWARD and measured is None else ()
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or WHOLE,
@@ -245,7 +252,17 @@ class StepBuilder:
                      recompute_bytes=c.recompute_bytes - in_place,
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
-                     host_slowdown=slow)
+                     host_slowdown=slow, idle_curve=idle)
+
+    def idle_curve(self, stage: int, mb: int, kind: str) -> tuple[tuple[float, float], ...]:
+        """What ``stage``'s ``kind`` action at micro-batch ``mb`` costs more (less: below 0)
+        than its profile after its worker idled (:attr:`Step.idle_curve`,
+        :meth:`pipesim.cluster.Cluster.idle_cost`)."""
+        if not self.cluster.idle_costs:
+            return ()
+        layers = self.plan.stage_layers(stage)
+        return self.cluster.idle_cost(layers.start, layers.stop, self.plan.micro_batch_sizes[mb],
+                                      self.plan.checkpointed(mb), kind)
 
     def host_slowdown(self, w: int, stage: int, mb: int) -> float:
         """Worker ``w``'s slowdown beside the other ranks of its host for ``stage`` at

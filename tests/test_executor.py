@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import time
 
 import pandas as pd
@@ -612,6 +613,39 @@ def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_m
         stage_costs(job, [2, 2], [2], modes=("sometimes",))
     with pytest.raises(ValueError, match="at least 2 stages"):
         stage_costs(job, [4], [2])
+
+
+def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
+    from executor.in_place import _stage_step, idle_costs
+
+    job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
+    rows = idle_costs(job, [1, 3], [2, 4], idle_s=(0.003, 0.001), modes=("never",), rounds=2,
+                      pin_cores=False)
+    # one row per stage, kind, size and idle; no backward of the last stage (it starts
+    # from its own loss)
+    assert sorted((r.first, r.stop, r.kind, r.micro_batch, r.checkpointed, r.idle_s)
+                  for r in rows) == sorted(
+        [(0, 1, k, b, False, idle) for k in "FB" for b in (2, 4) for idle in (0.001, 0.003)]
+        + [(1, 4, "F", b, False, idle) for b in (2, 4) for idle in (0.001, 0.003)])
+    assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in rows)
+    for key in {(r.first, r.kind, r.idle_s) for r in rows}:  # the median of the sizes' own
+        at = [r for r in rows if (r.first, r.kind, r.idle_s) == key]
+        assert all(r.seconds == pytest.approx(statistics.median(
+            x.after_idle_s - x.hot_s for x in at)) for r in at)
+    # the sleep falls before the action, outside it: between F and B, or before F
+    for rank, kind in ((0, "B"), (0, "F"), (1, "F")):
+        step = _stage_step(job, [1, 3], rank, 2, idle=(kind, 0.05))
+        step()  # (the first: autograd's and the allocator's start-up)
+        t0 = time.perf_counter()
+        seconds = step()
+        assert time.perf_counter() - t0 >= 0.05
+        assert seconds["F"] < 0.05 and seconds["B"] < 0.05
+    with pytest.raises(ValueError, match="idle_s must hold positive seconds"):
+        idle_costs(job, [1, 3], [2], idle_s=(0.0,))
+    with pytest.raises(ValueError, match="kinds must be 'F' and/or 'B'"):
+        idle_costs(job, [1, 3], [2], kinds=("W",))
+    with pytest.raises(ValueError, match="at least 2 stages"):
+        idle_costs(job, [4], [2])
 
 
 def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():

@@ -336,6 +336,88 @@ def test_host_slowdowns_interpolate_in_log_size_are_validated_and_round_trip(tmp
         Cluster([Device("a")], host_slowdowns=(SpanSlowdown(0, 3, 2, 0.9),))
 
 
+def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_span():
+    from pipesim.cluster import IdleCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
+    # stage 0 (layer [0, 1)) at 1 sample: +0.5 s after 1 s idle, +1 s after 4 s or more
+    measured = (IdleCost(0, 1, 1, False, 1.0, 0.5), IdleCost(0, 1, 1, False, 4.0, 1.0))
+    cluster = Cluster([Device("a"), Device("b")], idle_costs=measured)
+    assert cluster.idle_cost(0, 1, 1, False) == ((0.0, 0.0), (1.0, 0.5), (4.0, 1.0))
+    actions = simulate(prof, plan, cluster).actions.sort_values("start")
+    compute = actions[actions.kind.isin(["F", "B"])]
+    dev0 = compute[compute.stage == 0].reset_index(drop=True)
+    backwards = dev0.index[dev0.kind == "B"]
+    for i in backwards:
+        idle = dev0.start[i] - dev0.end[i - 1]
+        extra = np.interp(idle, [0.0, 1.0, 4.0], [0.0, 0.5, 1.0])  # 1.0 beyond 4 s
+        assert dev0.end[i] - dev0.start[i] == pytest.approx(2.0 + extra)
+    # GPipe: stage 0's first backward waits from its last forward's end (t=2) for stage 1's
+    # first backward (t=3..5): 3 s idle, +0.5 + 2/6 s; its second backward follows at once
+    first = backwards[0]
+    assert dev0.start[first] - dev0.end[first - 1] == pytest.approx(3.0)
+    assert dev0.end[first] - dev0.start[first] == pytest.approx(2.0 + 0.5 + 2 / 6)
+    assert dev0.end[backwards[1]] - dev0.start[backwards[1]] == pytest.approx(2.0)
+    # stage 1 was not measured: its backwards keep their profile; so do checkpointed
+    # micro-batches (measured apart) and a replay's durations
+    other = compute[(compute.stage == 1) & (compute.kind == "B")]
+    assert (other.end - other.start).tolist() == pytest.approx([2.0, 2.0])
+    ckpt = Plan([1, 1], 2, 2, checkpoint="always", schedule="gpipe")
+    assert metrics(simulate(prof, ckpt, cluster)).iteration_time_s == pytest.approx(
+        metrics(simulate(prof, ckpt, Cluster([Device("a"), Device("b")]))).iteration_time_s)
+    durations = {(s, k, mb): 1.0 for s in (0, 1) for k in ("F", "B") for mb in (0, 1)}
+    replay = simulate(prof, plan, cluster, durations=durations).actions
+    assert (replay.end - replay.start).max() == pytest.approx(1.0)
+
+
+def test_idle_costs_are_read_against_the_profiles_own_regime_where_it_was_measured():
+    from pipesim.cluster import IdleCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
+    # stage 1's forward: 0.5 s at once where the same session's profile gave 1 s; +0.25 s
+    # after 1 s idle, +0.5 s after 4 s: its profile less 0.5 s at no idle, less 0.25 after 1
+    rows = tuple(IdleCost(1, 2, 1, False, idle, extra, "F", hot_s=0.5, profile_s=1.0)
+                 for idle, extra in ((1.0, 0.25), (4.0, 0.5)))
+    cluster = Cluster([Device("a"), Device("b")], idle_costs=rows)
+    assert cluster.idle_cost(1, 2, 1, False, "F") == ((0.0, -0.5), (1.0, -0.25), (4.0, 0.0))
+    f = simulate(prof, plan, cluster).actions.query("kind == 'F'").set_index(
+        ["stage", "microbatch"])
+    # its first forward has no action before it on its worker: its profile
+    assert f.loc[(1, 0), "end"] - f.loc[(1, 0), "start"] == pytest.approx(1.0)
+    # its second's input lands (t=2) as the first ends: no idle, 0.5 s less
+    assert f.loc[(1, 1), "start"] == pytest.approx(2.0)
+    assert f.loc[(1, 1), "end"] - f.loc[(1, 1), "start"] == pytest.approx(0.5)
+    # stage 0 was not measured: its profile
+    assert f.loc[(0, 1), "end"] - f.loc[(0, 1), "start"] == pytest.approx(1.0)
+    # without the profile's seconds the curve is read as measured, from 0
+    plain = Cluster([Device("a"), Device("b")], idle_costs=tuple(
+        IdleCost(1, 2, 1, False, idle, extra, "F", hot_s=0.5) for idle, extra in
+        ((1.0, 0.25), (4.0, -0.1))))
+    assert plain.idle_cost(1, 2, 1, False, "F") == ((0.0, 0.0), (1.0, 0.25), (4.0, 0.0))
+
+
+def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
+    from pipesim.cluster import IdleCost
+    from pipesim.errors import ClusterError
+
+    c = Cluster([Device("a"), Device("b")], idle_costs=(
+        IdleCost(0, 3, 2, False, 0.01, 1e-3), IdleCost(0, 3, 8, False, 0.01, 3e-3),
+        IdleCost(0, 3, 2, True, 0.01, 5e-3)))
+    curve = c.idle_cost(0, 3, 4, False)
+    assert len(curve) == 2 and curve[0] == (0.0, 0.0)  # nothing at no idle
+    assert curve[1] == (0.01, pytest.approx(2e-3))  # halfway in log2(size) at 4 samples
+    assert c.idle_cost(0, 3, 32, False)[1][1] == pytest.approx(3e-3)  # the nearest size's
+    assert c.idle_cost(0, 3, 4, True)[1][1] == pytest.approx(5e-3)
+    assert c.idle_cost(3, 6, 4, False) == ()  # another span: not measured
+    assert Cluster.load(c.save(tmp_path / "c.json")).idle_costs == c.idle_costs
+    with pytest.raises(ClusterError, match=r"layers \[0, 3\) at 2 samples needs idle_s > 0"):
+        Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.0, 1e-3),))
+    with pytest.raises(ClusterError, match=r"kind 'F' or 'B', got 0\.01, 0\.001 and 'W'"):
+        Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.01, 1e-3, "W"),))
+
+
 def _one_gpu(n: int, speedup: tuple[float, ...]) -> Cluster:
     return Cluster([Device(f"w{i}", physical="gpu") for i in range(n)],
                    device_sharing="concurrent", device_speedup=speedup)
