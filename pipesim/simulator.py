@@ -17,7 +17,10 @@ moves to its next action only once its bytes are written::
 Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
 per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
 the cluster's ``action_gap_s`` after its worker reaches it if its input is there, else
-``wakeup_gap_s`` after the input arrives (a blocked thread woken).  Optional jitter
+``wakeup_gap_s`` after the input arrives (a blocked thread woken).  Where the cluster has
+measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
+backward also pays what its worker's wait since its last action cost it (read off the
+measured curve at that idle).  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
