@@ -336,8 +336,8 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                 if kind == "B" and rank == len(balance) - 1:
                     continue
                 k = 0 if kind == "F" else 1
+                hot = {b: results[(mode, b, HOT)][k] for b in sizes}
                 for idle in idles:
-                    hot = {b: results[(mode, b, HOT)][k] for b in sizes}
                     after = {b: results[(mode, b, (kind, idle))][k] for b in sizes}
                     seconds = statistics.median(after[b] - hot[b] for b in sizes)
                     out += [IdleCost(first, stop, int(b), mode == "always", idle, seconds,

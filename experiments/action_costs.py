@@ -59,6 +59,19 @@ def overlap_class(fraction: float) -> str:
     return "alone" if fraction < 0.1 else "overlapping" if fraction > 0.9 else "partly"
 
 
+def beside_shares(iteration: pd.DataFrame) -> list[float]:
+    """Each of one iteration's compute actions (rows with ``device``, ``start``, ``end``),
+    in their order: the share of its seconds beside another device's actions there."""
+    spans = {d: g[["start", "end"]].to_numpy() for d, g in iteration.groupby("device")}
+    out = []
+    for r in iteration.itertuples():
+        seconds = r.end - r.start
+        beside = sum(np.clip(np.minimum(s[:, 1], r.end) - np.maximum(s[:, 0], r.start),
+                             0.0, None).sum() for d, s in spans.items() if d != r.device)
+        out.append(beside / seconds if seconds > 0 else 0.0)
+    return out
+
+
 def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: Cluster,
                   batch: int) -> pd.DataFrame:
     """One row per measured compute action: its seconds, the simulator's seconds for it
@@ -72,15 +85,10 @@ def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: 
         predicted = {(step.stage, step.kind, mb): step.seconds
                      for program in sim.programs for mb, step in program}
         for _, it in part.groupby("iteration"):
-            spans = {d: g[["start", "end"]].to_numpy() for d, g in it.groupby("device")}
-            for r in it.itertuples():
-                seconds = r.end - r.start
-                beside = sum(np.clip(np.minimum(s[:, 1], r.end) - np.maximum(s[:, 0], r.start),
-                                     0.0, None).sum() for d, s in spans.items() if d != r.device)
+            for r, share in zip(it.itertuples(), beside_shares(it), strict=True):
                 rows.append((model, ",".join(map(str, plan.balance)), plan.n_microbatches,
-                             plan.checkpoint, r.stage, r.kind, seconds,
-                             predicted[(r.stage, r.kind, r.microbatch)],
-                             beside / seconds if seconds > 0 else 0.0))
+                             plan.checkpoint, r.stage, r.kind, r.end - r.start,
+                             predicted[(r.stage, r.kind, r.microbatch)], share))
     out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "stage", "kind",
                                       "measured_s", "predicted_alone_s", "beside_share"])
     return out.assign(ratio=out.measured_s / out.predicted_alone_s,

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import RESULTS, write_results
-from experiments.validation import in_place_slowdowns, predict_saved
+from experiments.validation import in_place_readings, predict_saved
 from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,30 +85,27 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
     the same with host slowdowns measured in place, from ``slowdowns``, see
-    :func:`experiments.validation.in_place_slowdowns`; with ``costs``, a JSON file of
+    :func:`experiments.validation.in_place_readings`; with ``costs``, a JSON file of
     stage costs measured in place (``experiments/in_place_costs.py``),
     ``predicted_ms_now_in_place_costs``: the same with each action those seconds; with
     ``idle``, ``"run"`` or a JSON file of the actions' idle costs measured in place
     (``experiments/idle_costs.py``), ``predicted_ms_now_idle``: the same with them)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
-    idled = (json.loads(Path(idle).read_text())["idle_costs"]
-             if repredict and idle and idle != "run" else None)
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
                  else pd.read_csv(folder / f"validation_{tag}.csv"))
         if repredict and slowdowns:
             again = predict_saved(folder, tag, cluster_fields,
-                                  in_place_slowdowns(folder, slowdowns, tag))
+                                  in_place_readings(folder, slowdowns, "slowdowns", tag))
             table["predicted_ms_now_in_place"] = again.predicted_ms_now
         if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         if repredict and idle:
-            # "run": the idle costs each run measured (none before 2026-11-25 evening)
-            own = (json.loads((folder / f"validation_{tag}.json").read_text())
-                   .get("summary", {}).get("idle_costs", {}) if idle == "run" else idled)
-            again = predict_saved(folder, tag, cluster_fields, idle=own)
+            # ("run": the idle costs each run measured, none before 2026-11-25 evening)
+            again = predict_saved(folder, tag, cluster_fields,
+                                  idle=in_place_readings(folder, idle, "idle_costs", tag))
             table["predicted_ms_now_idle"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)

@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import re
 import sys
 import time
 from pathlib import Path
@@ -47,6 +46,7 @@ import torch
 from executor.in_place import idle_costs
 from executor.models import builtin_job
 from executor.profiler import profile
+from experiments.action_costs import beside_shares, overlap_class, parse_plan
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
@@ -58,39 +58,28 @@ from pipesim.profile import Profile
 IDLES = (0.0005, 0.002, 0.005, 0.02)
 #: the grid's lone backwards are binned by the idle before them (seconds)
 BINS = (0.0, 0.00025, 0.001, 0.0035, 0.0125, np.inf)
-PLAN = re.compile(r"(?P<schedule>\w+) \[(?P<balance>[\d,]+)\] m=(?P<m>\d+) ckpt=(?P<ckpt>\w+)")
 
 
 def lone_actions(actions: pd.DataFrame) -> pd.DataFrame:
-    """The grid's forwards and backwards that ran alone, with the idle before each: columns
+    """The grid's forwards and backwards that ran alone (:func:`action_costs.overlap_class`),
+    with the idle before each (its worker's previous action's end to its start): columns
     model, balance, stage, kind, micro_batch, checkpointed, idle_s, seconds (their own
     duration)."""
-    compute = actions[actions.kind.isin(["F", "B", "W", "I"])].copy()
-    parsed = compute.plan.str.extract(PLAN)
-    compute["balance"] = parsed.balance
-    compute["m"] = parsed.m.astype(int)
-    compute["ckpt"] = parsed.ckpt
-    compute = compute.sort_values(["model", "plan", "iteration", "device", "start"])
-    keys = ["model", "plan", "iteration", "device"]
-    compute["idle_s"] = compute.start - compute.groupby(keys).end.shift()
     rows = []
-    for _, plan in compute.groupby(["model", "plan"]):
-        starts, ends, devices = (plan[c].to_numpy() for c in ("start", "end", "device"))
-        iters = plan.iteration.to_numpy()
-        for i in np.flatnonzero(plan.kind.isin(["F", "B"]).to_numpy()):
-            other = (devices != devices[i]) & (iters == iters[i])
-            overlap = np.clip(np.minimum(ends[other], ends[i])
-                              - np.maximum(starts[other], starts[i]), 0, None).sum()
-            if overlap < 0.1 * (ends[i] - starts[i]):
-                rows.append(plan.index[i])
-    lone = compute.loc[rows].dropna(subset=["idle_s"])
-    last = lone.m - 1
-    return pd.DataFrame({
-        "model": lone.model, "balance": lone.balance, "stage": lone.stage, "kind": lone.kind,
-        "micro_batch": BATCH // lone.m,
-        "checkpointed": (lone.ckpt == "always") | ((lone.ckpt == "except_last")
-                                                   & (lone.microbatch < last)),
-        "idle_s": lone.idle_s, "seconds": lone.end - lone.start})
+    compute = actions[actions.kind.isin(["F", "B"])]
+    for (model, label), part in compute.groupby(["model", "plan"]):
+        plan = parse_plan(label, BATCH)
+        balance = ",".join(map(str, plan.balance))
+        for _, it in part.groupby("iteration"):
+            it = it.sort_values(["device", "start"])
+            idles = (it.start - it.groupby("device").end.shift()).to_numpy()
+            for r, idle, share in zip(it.itertuples(), idles, beside_shares(it), strict=True):
+                if overlap_class(share) == "alone" and not np.isnan(idle):
+                    rows.append((model, balance, r.stage, r.kind,
+                                 plan.micro_batch_sizes[r.microbatch],
+                                 plan.checkpointed(r.microbatch), idle, r.end - r.start))
+    return pd.DataFrame(rows, columns=["model", "balance", "stage", "kind", "micro_batch",
+                                       "checkpointed", "idle_s", "seconds"])
 
 
 def recovery(model: str, balance: list[int], rank: int, size: int, *, idle_s: float = 0.02,

@@ -209,7 +209,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
     the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
     their dicts) give a model's cluster host slowdowns measured in place
-    (:func:`executor.in_place.stage_contention`; see :func:`in_place_slowdowns`);
+    (:func:`executor.in_place.stage_contention`; see :func:`in_place_readings`);
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
     the seconds its stage was measured to take in place, where they were measured
     (:func:`in_place_durations`); ``idle`` (model -> :class:`pipesim.cluster.IdleCost`
@@ -293,15 +293,21 @@ def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str,
     return out
 
 
-def in_place_slowdowns(folder: Path, source: str, tag: str = "cpu") -> dict[str, list]:
-    """Host slowdowns measured in place, per model, for :func:`predict_saved`: ``"run"``
-    takes those the run in ``folder`` measured (``in_place_slowdowns`` in
-    ``validation_TAG.json``; none in runs from before 2026-11-25), anything else is a JSON
-    file of them (model -> rows, as ``experiments/in_place_contention.py`` writes)."""
+#: what each in-place measurement is called in a run's summary (``validation_TAG.json``)
+#: and in its own file: host slowdowns (experiments/in_place_contention.py), idle costs
+#: (experiments/idle_costs.py)
+IN_PLACE_KEYS = {"slowdowns": "in_place_slowdowns", "idle_costs": "idle_costs"}
+
+
+def in_place_readings(folder: Path, source: str, what: str, tag: str = "cpu") -> dict[str, list]:
+    """Readings measured in place, per model, for :func:`predict_saved`: ``what`` is
+    ``"slowdowns"`` or ``"idle_costs"`` (:data:`IN_PLACE_KEYS`); ``source`` ``"run"``
+    takes those the run in ``folder`` measured (none in runs from before it measured
+    them), anything else is a JSON file of them (model -> rows)."""
     if source == "run":
         meta = json.loads((folder / f"validation_{tag}.json").read_text())
-        return meta.get("summary", {}).get("in_place_slowdowns", {})
-    return json.loads(Path(source).read_text())["slowdowns"]
+        return meta.get("summary", {}).get(IN_PLACE_KEYS[what], {})
+    return json.loads(Path(source).read_text())[what]
 
 
 def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,
