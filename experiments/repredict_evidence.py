@@ -4,7 +4,11 @@ The GPU check anyone can run without a GPU.  Sources, under
 ``../shared/evidence/h100-2026-11-22/`` (or ``--evidence DIR``):
 
 * ``traces/<model>_<dtype>/``: 12 plans each with the measured Trace (iteration time and
-  bubble), its ``profile.csv`` and ``cluster.json``;
+  bubble), its ``profile.csv`` and ``cluster.json``.  The run calibrated the executor's
+  overheads once per model on the same tiny pipeline: the four readings are pooled
+  (their median, :func:`pooled_overheads`).  The profiles predate the checkpoint's
+  columns and the measured concurrency law: both are carried over from the 2026-11-23
+  run's profile of the same model and dtype on the same kind of GPU;
 * ``grid_2stages/validation_gpu.csv``: 240 plans (gpt, mlp x fp32, bf16; two stages as
   threads on one H100), profiles and calibration beside it;
 * ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations;
@@ -214,6 +218,40 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
     return Profile(table, meta, profile.source)
 
 
+def measured_laws(folder: Path) -> dict[str, dict[str, list[float]]]:
+    """The concurrency laws a ``gpu_validate.py`` run in ``folder`` measured (two threads
+    with their own streams on the GPU, together against alone), by grid label
+    (``"gpt/float32/2st"``) and micro-batch size; empty where it wrote none."""
+    laws_file = folder / "device_speedup.json"
+    if not laws_file.exists():
+        return {}
+    return {label: {size: law["measured"] for size, law in by_size.items()}
+            for label, by_size in json.loads(laws_file.read_text()).items()}
+
+
+def _with_stream_law(profile: Profile, folder: Path, label: str) -> Profile:
+    """``profile`` with ``meta["stream_speedup"]`` from the run in ``folder`` where it
+    lacks one: the law measured for ``label`` there (a run that wrote it only to
+    ``device_speedup.json``, before profiles carried it, or one of the same model, dtype,
+    GPU and torch measured a day later, for profiles that predate the measurement).  It is
+    borrowed only where the two profiles are of the same layers (names and parameter
+    bytes at every size) and the law covers every size of ``profile``."""
+    if "stream_speedup" in profile.meta:
+        return profile
+    law = measured_laws(folder).get(label)
+    if not law or {str(b) for b in profile.micro_batch_sizes} - set(law):
+        return profile
+    donor = folder / f"profile_{label.split('/')[0]}_{label.split('/')[1]}.csv"
+    if donor.exists():
+        theirs = Profile.load(donor)
+        keys = ["layer", "micro_batch", "name", "param_bytes"]
+        if len(theirs.table) != len(profile.table) or not theirs.table[keys].sort_values(
+                keys[:2]).reset_index(drop=True).equals(
+                profile.table[keys].sort_values(keys[:2]).reset_index(drop=True)):
+            return profile
+    return Profile(profile.table, {**profile.meta, "stream_speedup": law}, profile.source)
+
+
 def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
     m = metrics(simulate(profile, plan, cluster, track_memory=False))
     return m.iteration_time_s, m.mean_bubble
@@ -239,17 +277,39 @@ def _plan(balance: str, chunks: int, checkpoint: str, schedule: str) -> Plan:
                 schedule=schedule, optimizer="sgd")
 
 
+#: the executor's overheads a Cluster holds, measured by one calibration (seconds)
+OVERHEADS = ("compute_overhead_s", "action_gap_s", "wakeup_gap_s")
+
+
+def pooled_overheads(clusters: list[Cluster]) -> dict[str, float]:
+    """The median of each executor overhead (:data:`OVERHEADS`) over ``clusters``
+    calibrated in one run on one machine.  The figures are the executor's, measured on the
+    same tiny pipeline whatever model the calibration was taken for, so several of them
+    are repeated readings of one quantity, and one reading is noisy: the four of the
+    recorded traces read 0.0, 0.001, 0.064 and 0.185 ms in action
+    (:func:`executor.calibrate.measure_thread_overhead`, which now takes the median of
+    three readings itself).  A figure no cluster has (None) is left out."""
+    pooled = {}
+    for name in OVERHEADS:
+        values = [v for c in clusters if (v := getattr(c, name)) is not None]
+        if values:
+            pooled[name] = float(np.median(values))
+    return pooled
+
+
 def traces(evidence: Path) -> list[dict]:
-    """Rows for the recorded traces: measured iteration and bubble, predicted per variant."""
+    """Rows for the recorded traces: measured iteration and bubble, predicted per variant,
+    each model's calibration with the run's overheads pooled (:func:`pooled_overheads`)."""
+    folders = sorted(f for f in (evidence / "traces").iterdir() if f.is_dir())
+    clusters = {f: Cluster.load(f / "cluster.json") for f in folders}
+    pooled = pooled_overheads(list(clusters.values()))
     rows = []
-    for folder in sorted((evidence / "traces").iterdir()):
-        if not folder.is_dir():
-            continue
+    for folder in folders:
         model, dtype = folder.name.split("_")
-        profile = _with_checkpoint_costs(
+        profile = _with_stream_law(_with_checkpoint_costs(
             _with_host_times(Profile.load(folder / "profile.csv"), folder),
-            LATEST_GPU / f"profile_{model}_{dtype}.csv")
-        cluster = Cluster.load(folder / "cluster.json")
+            LATEST_GPU / f"profile_{model}_{dtype}.csv"), LATEST_GPU, f"{model}/{dtype}/2st")
+        cluster = dataclasses.replace(clusters[folder], **pooled)
         for run in sorted(p for p in folder.iterdir() if p.is_dir()):
             measured = Trace.load(run, "measured")
             plan = Plan.from_dict(measured.meta["plan"], source=str(run))
@@ -276,15 +336,10 @@ def _gpu_plans(folder: Path):
     (before profiles carried it) has it put back in the profile."""
     table = pd.read_csv(folder / "validation_gpu.csv")
     cluster = Cluster.load(folder / "calibration_2stages.json")
-    laws_file = folder / "device_speedup.json"
-    laws = json.loads(laws_file.read_text()) if laws_file.exists() else {}
     for (label, dtype), part in table.groupby(["model", "dtype"]):
         model = label.split("/")[0]
-        profile = Profile.load(folder / f"profile_{model}_{dtype}.csv")
-        if "stream_speedup" not in profile.meta and label in laws:
-            measured = {size: law["measured"] for size, law in laws[label].items()}
-            profile = Profile(profile.table, {**profile.meta, "stream_speedup": measured},
-                              profile.source)
+        profile = _with_stream_law(Profile.load(folder / f"profile_{model}_{dtype}.csv"),
+                                   folder, label)
         for r in part.itertuples():
             yield model, dtype, profile, cluster, _plan(r.balance, r.chunks, r.checkpoint,
                                                         r.schedule), r

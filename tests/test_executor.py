@@ -572,6 +572,17 @@ def test_calibration_tells_gaps_of_a_woken_worker_from_gaps_between_ready_action
         [0.2, 0.4, 0.5])
 
 
+def test_thread_overhead_is_the_median_of_its_readings():
+    from executor.calibrate import measure_thread_overhead
+
+    over = measure_thread_overhead("cpu", 2, iterations=2, readings=3)
+    assert len(over["in_action_readings"]) == 3
+    assert over["in_action_s"] == statistics.median(over["in_action_readings"])
+    assert over["between_actions_s"] >= 0.0 and over["wakeup_s"] >= 0.0
+    with pytest.raises(ValueError, match="readings must be at least 1, got 0"):
+        measure_thread_overhead("cpu", 2, readings=0)
+
+
 def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
     from executor.in_place import stage_contention
 

@@ -1223,6 +1223,42 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
         pytest.approx(1e-4)
 
 
+def test_one_runs_overhead_readings_are_pooled_by_their_median():
+    from experiments.repredict_evidence import pooled_overheads
+
+    # the recorded traces' four in-action readings (ms), one model's an outlier
+    readings = [(0.0, 0.157), (0.0011, 0.138), (0.064, 0.165), (0.185, 0.145)]
+    clusters = [Cluster([Device("a"), Device("b")], compute_overhead_s=inside * 1e-3,
+                        action_gap_s=gap * 1e-3) for inside, gap in readings]
+    pooled = pooled_overheads(clusters)
+    assert pooled["compute_overhead_s"] == pytest.approx((0.0011 + 0.064) / 2 * 1e-3)
+    assert pooled["action_gap_s"] == pytest.approx((0.145 + 0.157) / 2 * 1e-3)
+    assert "wakeup_gap_s" not in pooled  # none of them measured it: left as it is
+    clusters[0].wakeup_gap_s = 3e-4
+    assert pooled_overheads(clusters)["wakeup_gap_s"] == pytest.approx(3e-4)
+
+
+def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_layers(tmp_path):
+    import json
+
+    from experiments.repredict_evidence import _with_stream_law, measured_laws
+
+    law = {"1": [1.0, 1.2], "64": [1.0, 1.05]}
+    (tmp_path / "device_speedup.json").write_text(json.dumps(
+        {"mlp/float32/2st": {size: {"measured": v, "from_profile": [1.0, 1.0]}
+                             for size, v in law.items()}}))
+    uniform_profile(3).save(tmp_path / "profile_mlp_float32.csv")
+    assert measured_laws(tmp_path) == {"mlp/float32/2st": law}
+    older = uniform_profile(3, fwd_s=2.0)  # same layers, its own (older) times
+    assert _with_stream_law(older, tmp_path, "mlp/float32/2st").meta["stream_speedup"] == law
+    # other layers (parameter bytes), another label, or a size the law lacks: unchanged
+    for other, label in ((uniform_profile(3, param_bytes=7), "mlp/float32/2st"),
+                         (older, "mlp/bfloat16/2st"),
+                         (uniform_profile(3, sizes=(1, 32)), "mlp/float32/2st")):
+        assert "stream_speedup" not in _with_stream_law(other, tmp_path, label).meta
+    assert measured_laws(tmp_path / "nowhere") == {}
+
+
 def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone():
     from experiments.action_costs import action_ratios, overlap_class, parse_plan
 
