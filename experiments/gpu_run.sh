@@ -46,8 +46,11 @@ run() {
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
+        # (idle costs off: measured per stage, they would take 4-8x the 2-stage grid's
+        # 11 minutes of the device's time)
         cpu16) for n in 4 8; do
-                   python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 "$@"
+                   python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
+                       --no-idle-costs "$@"
                done ;;
         *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing or cpu16)" >&2; return 2 ;;
     esac

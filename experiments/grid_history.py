@@ -15,13 +15,14 @@ Each run is a results folder as ``validate.py`` leaves it (``validation_cpu.csv/
 committed to ``experiments/results/`` from this repository's history, ``--runs`` folders.
 Every prediction column the runs share is pooled (the default model as it ran, its
 ablations); ``--repredict`` adds today's model (``predicted_ms_now``), each run predicted
-again from its own profiles and calibration.  Figures: per column, the pooled median and
-max |error| (per model too), each run's own, the run-to-run scatter, and Spearman and the
-regret of each run's choice judged by the pooled times (median over runs).
+again from its own profiles and calibration (and idle costs, where it measured them).
+Figures: per column, the pooled median and max |error| (per model too), each run's own,
+the run-to-run scatter, and Spearman and the regret of each run's choice judged by the
+pooled times (median over runs).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
-                                       [--idle run|FILE]]
+                                       [--idle none|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -88,8 +89,10 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     :func:`experiments.validation.in_place_readings`; with ``costs``, a JSON file of
     stage costs measured in place (``experiments/in_place_costs.py``),
     ``predicted_ms_now_in_place_costs``: the same with each action those seconds; with
-    ``idle``, ``"run"`` or a JSON file of the actions' idle costs measured in place
-    (``experiments/idle_costs.py``), ``predicted_ms_now_idle``: the same with them)."""
+    ``idle``, ``"none"`` or a JSON file of the actions' idle costs measured in place
+    (``experiments/idle_costs.py``): ``predicted_ms_now_no_idle``, the same without the
+    idle costs each run measured (``predicted_ms_now`` has them), or
+    ``predicted_ms_now_idle``, with the file's in their place)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     tables = []
     for folder in folders:
@@ -103,10 +106,10 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         if repredict and idle:
-            # ("run": the idle costs each run measured, none before 2026-11-25 evening)
-            again = predict_saved(folder, tag, cluster_fields,
-                                  idle=in_place_readings(folder, idle, "idle_costs", tag))
-            table["predicted_ms_now_idle"] = again.predicted_ms_now
+            again = predict_saved(folder, tag, cluster_fields, idle={} if idle == "none" else
+                                  in_place_readings(folder, idle, "idle_costs", tag))
+            table["predicted_ms_now_no_idle" if idle == "none"
+                  else "predicted_ms_now_idle"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -193,10 +196,10 @@ def main() -> None:
                     help="with --repredict: also predict with each stage's actions timed in "
                     "place (predicted_ms_now_in_place_costs), a file of "
                     "experiments/in_place_costs.py")
-    ap.add_argument("--idle", default="", metavar="run|FILE",
-                    help="with --repredict: also predict with the actions' idle costs "
-                    "measured in place (predicted_ms_now_idle): 'run' those each run "
-                    "measured, or a file of them (experiments/idle_costs.py)")
+    ap.add_argument("--idle", default="", metavar="none|FILE",
+                    help="with --repredict: also predict without the idle costs each run "
+                    "measured ('none': predicted_ms_now_no_idle), or with a file of them "
+                    "(experiments/idle_costs.py) in their place (predicted_ms_now_idle)")
     args = ap.parse_args()
     if (args.slowdowns or args.costs or args.idle) and not args.repredict:
         ap.error("--slowdowns, --costs and --idle need --repredict")

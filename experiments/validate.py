@@ -1,7 +1,9 @@
 """Prediction against measurement on this machine's CPU: multi-process executor, 2 stages.
 
 1. calibrate links and executor overhead (executor.calibrate; never the plans below);
-2. profile each built-in model offline, one thread, at every micro-batch size used;
+2. profile each built-in model offline, one thread, at every micro-batch size used, and
+   measure in place what a wait costs each balance's actions (``executor.in_place.idle_costs``,
+   ``--no-idle-costs`` to skip; the ablation ``no_idle_costs`` predicts without);
 3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
    and 1F1B) through ``executor.distributed`` (2 processes x 1 thread, each on its own
    core unless ``--no-pin``; the calibration's processes alike) and simulate it;
@@ -67,7 +69,7 @@ MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
 BATCH = 32
 #: steps per phase of the sustained host-contention ablation (see host_contention)
 SUSTAINED_STEPS = 200
-#: rounds of the idle costs measured in place per balance with ``--idle-costs``
+#: rounds of the idle costs measured in place per balance (``--idle-costs``, the default)
 #: (``executor.in_place.idle_costs``: 2-3 minutes a balance of GPT or U-Net, 1 of MLP)
 IDLE_ROUNDS = 10
 #: seconds of iterations a plan is measured at least, each pass: on this 2-core VM one
@@ -100,9 +102,14 @@ def main() -> None:
                     help="each rank on its own cores, in the calibration too (default; "
                     "--no-pin leaves placement to the operating system)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per rank")
-    ap.add_argument("--idle-costs", action="store_true",
-                    help="also measure each balance's idle costs in place and predict with "
-                    "them (the ablation idle_costs; about 11 more minutes)")
+    # the prediction's since 2026-11-25 night: four grids that measured them as an
+    # ablation in their own hour went 11.1 -> 8.4%, 9.7 -> 9.3%, 7.4 -> 8.3% and 9.5 ->
+    # 6.5% median, pooled 8.3% / 28.5% -> 6.0% / 24.3% (grid_history.py --git 4 --repredict:
+    # predicted_ms_now against --idle none)
+    ap.add_argument("--idle-costs", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure each balance's idle costs in place and predict with them "
+                    "(default; about 11 more minutes; the ablation no_idle_costs predicts "
+                    "without; --no-idle-costs neither measures nor uses them)")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
@@ -180,9 +187,9 @@ def main() -> None:
                                                                    for b in p.micro_batch_sizes}),
                                              threads=args.threads, pin_cores=args.pin)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
-        # the ablation idle_costs (--idle-costs): each balance's actions after their rank
-        # idled, against at its steady pace, in place (executor.in_place.idle_costs; read
-        # against the profile below, taken in the same run)
+        # what a wait costs (--idle-costs, the default): each balance's actions after their
+        # rank idled, against at its steady pace, in place (executor.in_place.idle_costs;
+        # read against the profile below, taken in the same run)
         waited = {balance: idle_costs(job, balance, sorted({b for p in plans
                                                             for b in p.micro_batch_sizes}),
                                       rounds=IDLE_ROUNDS, threads=args.threads,
@@ -220,8 +227,12 @@ def main() -> None:
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
         in_action.append(again["in_action_s"])
-        model_cluster = bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:])
-        unbracketed = bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1])
+        model_cluster = dataclasses.replace(
+            bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
+            idle_costs=tuple(waits))
+        unbracketed = dataclasses.replace(
+            bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1]),
+            idle_costs=tuple(waits))
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
@@ -231,8 +242,8 @@ def main() -> None:
                                                                     host_contention=own)),
                      "in_place_contention": (prof, dataclasses.replace(
                          model_cluster, host_slowdowns=tuple(spans))),
-                     **({"idle_costs": (prof, dataclasses.replace(model_cluster,
-                                                                  idle_costs=tuple(waits)))}
+                     **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
+                                                                     idle_costs=()))}
                         if waits else {}),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(

@@ -213,8 +213,10 @@ def predict_saved(folder: Path, tag: str = "cpu",
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
     the seconds its stage was measured to take in place, where they were measured
     (:func:`in_place_durations`); ``idle`` (model -> :class:`pipesim.cluster.IdleCost`
-    rows or their dicts) a model's cluster the backwards' idle costs measured in place
-    (:func:`executor.in_place.idle_costs`)."""
+    rows or their dicts) a model's cluster the actions' idle costs measured in place
+    (:func:`executor.in_place.idle_costs`): by default (None) those the run measured, as
+    today's ``validate.py`` predicts with them (none in runs before 2026-11-25 evening);
+    ``{}`` none."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -223,6 +225,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
+    if idle is None:
+        idle = summary.get(IN_PLACE_KEYS["idle_costs"], {})
 
     def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
         """The readings before and after model i's grid, where the run took them."""
@@ -236,7 +240,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
                       around(in_action_readings, i, ())),
             host_slowdowns=tuple((slowdowns or {}).get(m, ())),
             idle_costs=tuple(IdleCost(**x) if isinstance(x, dict) else x
-                             for x in (idle or {}).get(m, ())), **(cluster_fields or {}))
+                             for x in idle.get(m, ())), **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():

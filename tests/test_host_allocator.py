@@ -45,8 +45,9 @@ def test_retained_memory_is_reused_without_page_faults():
     retained = _run(RETAIN)
     if retained["policy"] != RETAIN:
         pytest.skip(f"no glibc here: {retained['policy']}")
-    # from the third iteration on, every block comes back from the process's own heap
-    assert max(retained["faults"][1:]) < 256, retained
+    # in the steady state every block comes back from the process's own heap: the last
+    # four iterations (under load the heap once grew as late as the third: 2026-11-25)
+    assert max(retained["faults"][-4:]) < 256, retained
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt only")

@@ -1223,6 +1223,32 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
         pytest.approx(1e-4)
 
 
+def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path):
+    import json
+
+    from experiments.validation import predict_saved
+
+    # one GPipe plan, 2 stages x 1 layer, 2 micro-batches: stage 0's backward of
+    # micro-batch 1 follows its forward of micro-batch 1 after the pipeline's round trip
+    uniform_profile(2).save(tmp_path / "profile_cpu_m.csv")
+    Cluster([Device("a"), Device("b")]).save(tmp_path / "calibration_cpu.json")
+    pd.DataFrame([dict(model="m", balance="1,1", chunks=2, checkpoint="never",
+                       schedule="gpipe", predicted_ms=1.0, measured_ms=1.0)]).to_csv(
+        tmp_path / "validation_cpu.csv", index=False)
+    curve = [dict(first=0, stop=1, micro_batch=b, checkpointed=False, idle_s=idle,
+                  seconds=seconds, kind="B") for b in (1, 64) for idle, seconds in
+             ((0.5, 0.0), (100.0, 10.0))]
+    (tmp_path / "validation_cpu.json").write_text(json.dumps(
+        {"batch": 32, "summary": {"idle_costs": {"m": curve}}}))
+    with_own = predict_saved(tmp_path).predicted_ms_now.iloc[0]
+    without = predict_saved(tmp_path, idle={}).predicted_ms_now.iloc[0]
+    assert with_own > without  # the run's own curve, unless told none
+    older = json.loads((tmp_path / "validation_cpu.json").read_text())
+    del older["summary"]["idle_costs"]  # a run from before they were measured
+    (tmp_path / "validation_cpu.json").write_text(json.dumps(older))
+    assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(without)
+
+
 def test_one_runs_overhead_readings_are_pooled_by_their_median():
     from experiments.repredict_evidence import pooled_overheads
 
