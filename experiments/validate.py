@@ -105,7 +105,8 @@ def main() -> None:
     # the prediction's since 2026-11-25 night: four grids that measured them as an
     # ablation in their own hour went 11.1 -> 8.4%, 9.7 -> 9.3%, 7.4 -> 8.3% and 9.5 ->
     # 6.5% median, pooled 8.3% / 28.5% -> 6.0% / 24.3% (grid_history.py --git 4 --repredict:
-    # predicted_ms_now against --idle none)
+    # predicted_ms_now against --idle none); the first grid predicted with them, 8.7 ->
+    # 9.8% (five pooled 5.9% / 26.6% -> 4.9% / 20.4%)
     ap.add_argument("--idle-costs", action=argparse.BooleanOptionalAction, default=True,
                     help="measure each balance's idle costs in place and predict with them "
                     "(default; about 11 more minutes; the ablation no_idle_costs predicts "
