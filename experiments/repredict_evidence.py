@@ -241,15 +241,22 @@ def _with_stream_law(profile: Profile, folder: Path, label: str) -> Profile:
     law = measured_laws(folder).get(label)
     if not law or {str(b) for b in profile.micro_batch_sizes} - set(law):
         return profile
-    donor = folder / f"profile_{label.split('/')[0]}_{label.split('/')[1]}.csv"
-    if donor.exists():
-        theirs = Profile.load(donor)
-        keys = ["layer", "micro_batch", "name", "param_bytes"]
-        if len(theirs.table) != len(profile.table) or not theirs.table[keys].sort_values(
-                keys[:2]).reset_index(drop=True).equals(
-                profile.table[keys].sort_values(keys[:2]).reset_index(drop=True)):
-            return profile
+    model, dtype = label.split("/")[:2]
+    donor = folder / f"profile_{model}_{dtype}.csv"
+    if donor.exists() and not _same_layers(profile, Profile.load(donor)):
+        return profile
     return Profile(profile.table, {**profile.meta, "stream_speedup": law}, profile.source)
+
+
+def _same_layers(a: Profile, b: Profile) -> bool:
+    """Whether two profiles are of the same layers: names and parameter bytes, layer by
+    layer, at the same sizes."""
+    keys = ["layer", "micro_batch", "name", "param_bytes"]
+
+    def rows(p: Profile) -> pd.DataFrame:
+        return p.table[keys].sort_values(keys[:2]).reset_index(drop=True)
+
+    return len(a.table) == len(b.table) and rows(a).equals(rows(b))
 
 
 def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
