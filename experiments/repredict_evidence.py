@@ -243,7 +243,9 @@ def _with_stream_law(profile: Profile, folder: Path, label: str) -> Profile:
         return profile
     model, dtype = label.split("/")[:2]
     donor = folder / f"profile_{model}_{dtype}.csv"
-    if donor.exists() and not _same_layers(profile, Profile.load(donor)):
+    # (the run's own profile, as the grid's is, needs no comparing with itself)
+    if (donor.exists() and str(donor) != profile.source
+            and not _same_layers(profile, Profile.load(donor))):
         return profile
     return Profile(profile.table, {**profile.meta, "stream_speedup": law}, profile.source)
 
