@@ -4,6 +4,8 @@
 #   bash experiments/gpu_run.sh tests           # the in-process gradient tests on cuda:0
 #   bash experiments/gpu_run.sh gpu [--stages 2]  # CUDA profiles + executor grid on cuda:0
 #   bash experiments/gpu_run.sh cpu16 [--models mlp,gpt]  # 4 and 8 pinned processes
+#       (CPU16_STAGES="4" for the 4-process grid alone; validate.py's options follow, e.g.
+#       --passes 1 --tie-break 0 to fit a 10-minute call)
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
@@ -48,7 +50,7 @@ run() {
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
         # (idle costs off: measured per stage, they would take 4-8x the 2-stage grid's
         # 11 minutes of the device's time)
-        cpu16) for n in 4 8; do
+        cpu16) for n in ${CPU16_STAGES:-4 8}; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
                        --no-idle-costs "$@"
                done ;;
