@@ -201,10 +201,12 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
 
 def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
                 sizes: Sequence[int], modes: Sequence[str], idles: Sequence[tuple[str, float]],
-                rounds: int, phase_s: float, threads: int, settle_s: float, out) -> None:
+                rounds: int, phase_s: float, threads: int, settle_s: float, at_once: bool,
+                out) -> None:
     """Rank ``rank``'s side of :func:`stage_costs` and :func:`idle_costs`: puts ``(rank,
     {(mode, size, idle): (forward seconds, backward seconds)})``, the medians of its steps
-    run alone (``idle``: ``(action, seconds)`` it sleeps before, see :func:`_stage_step`).
+    run alone (``idle``: ``(action, seconds)`` it sleeps before, see :func:`_stage_step`),
+    or with ``at_once`` every rank's phase at the same time.
     With ``settle_s``, each phase starts with untimed steps without the idle, two at least
     and ``settle_s`` seconds of them: the rank has just waited at the barrier for the
     other ranks' phases, and after a wait its steps run slow for a few milliseconds
@@ -221,9 +223,10 @@ def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
         key: {"F": [], "B": []} for key in steps}
     for _ in range(rounds):
         for key, step in steps.items():
-            for turn in range(len(balance)):  # one rank at a time, the others waiting
+            # one rank at a time, the others waiting; or all at once
+            for turn in range(1 if at_once else len(balance)):
                 barrier.wait()
-                if turn != rank:
+                if not at_once and turn != rank:
                     continue
                 if settle_s > 0:
                     settled, end = 0, time.perf_counter() + settle_s
@@ -268,10 +271,11 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
 
 def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: Sequence[str],
            idles: Sequence[tuple[str, float]], rounds: int, phase_s: float, threads: int,
-           pin_cores: bool, what: str, settle_s: float = 0.0
+           pin_cores: bool, what: str, settle_s: float = 0.0, at_once: bool = False
            ) -> list[tuple[tuple[int, int, int], dict]]:
-    """:func:`_costs_loop` on every rank of ``balance``: per stage ``((first, stop, rank),
-    {(mode, size, idle): (forward s, backward s)})``."""
+    """:func:`_costs_loop` on every rank of ``balance``, each alone in turn (or all
+    ``at_once``): per stage ``((first, stop, rank), {(mode, size, idle): (forward s,
+    backward s)})``."""
     unknown = sorted(set(modes) - {"never", "always"})
     if unknown:
         raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
@@ -280,7 +284,7 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
     barrier = mp.get_context("spawn").Barrier(world)
     results = dict(_gather(_costs_loop, world,
                            (barrier, job, list(balance), list(sizes), list(modes),
-                            list(idles), rounds, phase_s, threads, settle_s),
+                            list(idles), rounds, phase_s, threads, settle_s, at_once),
                            expected=world, pin_cores=pin_cores))
     out, first = [], 0
     for rank, layers in enumerate(balance):
@@ -292,7 +296,8 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
 def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                idle_s: Sequence[float] = (0.0005, 0.002, 0.005, 0.02),
                kinds: Sequence[str] = ("F", "B"), modes: Sequence[str] = ("never", "always"),
-               rounds: int = 15, threads: int = 1, pin_cores: bool = True) -> list[IdleCost]:
+               rounds: int = 15, threads: int = 1, pin_cores: bool = True,
+               at_once: bool = False) -> list[IdleCost]:
     """What an action costs more when its rank has slept before it, measured in place.
 
     Each stage alone on its rank's cores (as :func:`stage_costs`), its step run with every
@@ -319,6 +324,14 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     pace.  Seconds spent: about ``rounds * len(modes) * len(sizes) * len(balance) *
     (len(kinds) * len(idle_s) + 1)`` times (two steps or 10 ms, the step, the idle):
     10-20 minutes for the CPU grid's six layouts.
+
+    ``at_once``: every rank measures at the same time, each on its own cores (``len(balance)``
+    times faster).  For a machine with a core per rank and more (16 cores, 4-8 pinned
+    ranks), where the ranks barely slow each other (in place 1.00-1.11, H200 host
+    2026-11-26) but a wait costs far more than on the 2-core VM: in that 4-rank grid an
+    action after 3-10 ms idle ran 1.2-1.3x its profile, after 10-30 ms 1.3-1.4x, and one
+    with its input there at once 0.97-1.04x (GPT).  Not on a machine whose ranks share
+    cores: there the ranks' steps would slow each other and the idles overlap.
     """
     idles = sorted({float(d) for d in idle_s})
     if not idles or idles[0] <= 0:
@@ -330,7 +343,7 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     # phase_s 0: one step a phase, each idle of a round beside the hot step
     for (first, stop, rank), results in _alone(job, balance, sizes, modes, keys, rounds, 1e-9,
                                                threads, pin_cores, "idle costs",
-                                               settle_s=SETTLE_S):
+                                               settle_s=SETTLE_S, at_once=at_once):
         for mode in modes:
             for kind in kinds:
                 if kind == "B" and rank == len(balance) - 1:

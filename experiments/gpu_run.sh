@@ -9,18 +9,18 @@
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
-# On the lent machine (10 minutes a call, 30 a session; each command under `timeout`):
-#   call 1: cpu16 --models mlp,gpt          (4 ranks about 4 minutes, 8 ranks longer; first
-#           since the CPU ranks now keep the memory they free: 17% median there before; and
-#           since messages up and down take a connection each: crossing messages waited
-#           2.4-2.8 ms on one connection on the 2-core VM)
-#   call 2: tests, then gpu --stages 2      (about 1 + 7 minutes; the grid also predicts every
-#           plan as threads of one process: predicted_ms_threads_interpreter, the interpreter
-#           for forwards and autograd's engine thread for backwards; its allocator snapshots,
-#           free of the profiler's leaked streams now, check the reserved-memory estimate
-#           independently: python experiments/reserved_evidence.py afterwards)
-#   call 3: threads, gpu --stage-memory-only --stages 2 (the profiles call 2 left), crossing
-# and carry .whl (simpy) and experiments/results/gpu from the previous call's tgz.
+# On the lent machine (10 minutes a call, 15 of device time a session, a start included;
+# each command under `timeout`), one grid a session, in this order:
+#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0, then gpt alike
+#           (2026-11-26 without idle costs: both models' 4-rank grid in 7 minutes on the
+#           H200 host, 8.1% / 32.5%; idle costs measured at once add about a minute a
+#           balance), then CPU16_STAGES=8 (its mlp quick grid alone took 4 minutes);
+#   tests, then gpu --stages 2 (about 1 + 7 minutes; the grid also predicts every plan as
+#           threads of one process; its allocator snapshots check the reserved-memory
+#           estimate: python experiments/reserved_evidence.py afterwards);
+#   threads, gpu --stage-memory-only --stages 2 (the profiles the grid left), crossing;
+# carry .whl (simpy: pip download --no-deps -d .whl simpy==4.1.2, .whl ignored in
+# .git/info/exclude) and the results of earlier calls, committed, travel with the tree.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
 # the console log beside them (run_WHAT.log). With $OUT set (the lent machine), the folder
 # is also packed into $OUT/gpu_results.tgz when the command ends, stopped or not: give the
@@ -48,11 +48,12 @@ run() {
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
-        # (idle costs off: measured per stage, they would take 4-8x the 2-stage grid's
-        # 11 minutes of the device's time)
+        # (idle costs measured on every rank at once: one rank at a time they would take
+        # 4-8x; without them, 2026-11-26, the 4-rank grid read 8.1% / 32.5%, all under, its
+        # actions after 3-30 ms idle 1.2-1.4x their profile)
         cpu16) for n in ${CPU16_STAGES:-4 8}; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
-                       --no-idle-costs "$@"
+                       --idle-at-once "$@"
                done ;;
         *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing or cpu16)" >&2; return 2 ;;
     esac

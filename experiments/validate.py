@@ -111,6 +111,11 @@ def main() -> None:
                     help="measure each balance's idle costs in place and predict with them "
                     "(default; about 11 more minutes; the ablation no_idle_costs predicts "
                     "without; --no-idle-costs neither measures nor uses them)")
+    # (the 16-core H200 host's 4-rank grid, 2026-11-26, without them: actions after 3-30 ms
+    # idle ran 1.2-1.4x their profile, hot ones 0.97-1.04x; its error was all under)
+    ap.add_argument("--idle-at-once", action="store_true",
+                    help="measure the idle costs on every rank at the same time (a core per "
+                    "rank and more: stages times faster; see executor.in_place.idle_costs)")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
@@ -194,7 +199,7 @@ def main() -> None:
         waited = {balance: idle_costs(job, balance, sorted({b for p in plans
                                                             for b in p.micro_batch_sizes}),
                                       rounds=IDLE_ROUNDS, threads=args.threads,
-                                      pin_cores=args.pin)
+                                      pin_cores=args.pin, at_once=args.idle_at_once)
                   for balance in sorted({tuple(p.balance) for p in plans})} if args.idle_costs else {}
 
         # (from the predicted iteration time: once per plan, for every pass)

@@ -643,6 +643,11 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
         at = [r for r in rows if (r.first, r.kind, r.idle_s) == key]
         assert all(r.seconds == pytest.approx(statistics.median(
             x.after_idle_s - x.hot_s for x in at)) for r in at)
+    # every rank at once: the same rows, in a round a phase (not one a rank)
+    together = idle_costs(job, [1, 3], [2], idle_s=(0.001,), modes=("never",), rounds=1,
+                          pin_cores=False, at_once=True)
+    assert sorted((r.first, r.kind) for r in together) == [(0, "B"), (0, "F"), (1, "F")]
+    assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in together)
     # the sleep falls before the action, outside it: between F and B, or before F
     for rank, kind in ((0, "B"), (0, "F"), (1, "F")):
         step = _stage_step(job, [1, 3], rank, 2, idle=(kind, 0.05))
