@@ -7,7 +7,9 @@ torch is imported only when a torch-side command runs, so ``pipesim simulate`` s
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -260,8 +262,124 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this machine's cluster for ``--stages`` CPU processes (links, the executor's
+    overheads, host contention) and, with ``--idle-costs PROFILE``, what a wait costs each
+    stage of one balance (:func:`executor.in_place.idle_costs`), read against that profile;
+    write the Cluster JSON that ``simulate``, ``tune`` and ``run --cluster`` take."""
+    import functools
+
+    import torch
+
+    from executor.calibrate import calibrate_cpu
+    from executor.in_place import idle_costs
+    from executor.models import builtin_job
+    from pipesim.balance import min_max_partition
+    from pipesim.costs import with_profile_seconds
+    from pipesim.errors import PipesimError
+    from pipesim.profile import Profile
+
+    torch.set_num_threads(args.threads)
+    if args.stages < 2:
+        raise UserError(f"--stages {args.stages}: a pipeline's processes are 2 or more")
+    profile = balance = job = sizes = None
+    if args.idle_costs:
+        # everything that can be refused is checked before the minutes of measuring
+        try:
+            profile = Profile.load(args.idle_costs)
+        except (OSError, PipesimError, ValueError) as exc:
+            raise UserError(f"--idle-costs {args.idle_costs}: {exc}") from None
+        sizes = [b for b in profile.micro_batch_sizes if b <= args.batch_size]
+        if not sizes:
+            raise UserError(f"--idle-costs {args.idle_costs}: no micro-batch size of the profile "
+                            f"({profile.micro_batch_sizes}) fits --batch-size {args.batch_size}")
+        balance = (parse_ints(args.balance, "--balance") if args.balance else
+                   min_max_partition(profile.layer_times(sizes[len(sizes) // 2]), args.stages))
+        if len(balance) != args.stages:
+            raise UserError(f"--balance {args.balance} has {len(balance)} stages, --stages is "
+                            f"{args.stages}")
+        job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype,
+                                **parse_sizes(args.set))
+        try:
+            module = job()[0]
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise UserError(f"model {args.model!r}: {exc}") from None
+        if len(module) != profile.n_layers or sum(balance) != profile.n_layers:
+            raise UserError(f"--idle-costs {args.idle_costs} has {profile.n_layers} layers, model "
+                            f"{args.model!r} {len(module)}, --balance {list(balance)} sums to "
+                            f"{sum(balance)}: profile the same model (`pipesim profile`)")
+    t0 = time.perf_counter()
+    print(f"calibrating {args.stages} processes ...", flush=True)
+    cluster = calibrate_cpu(args.stages, threads_per_rank=args.threads, pin_cores=args.pin)
+    wakeup = cluster.action_gap_s if cluster.wakeup_gap_s is None else cluster.wakeup_gap_s
+    print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
+          f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s; overhead {cluster.compute_overhead_s * 1e6:.0f}"
+          f" us in an action, {cluster.action_gap_s * 1e6:.0f} us between actions, "
+          f"{wakeup * 1e6:.0f} us after a wake-up; host contention "
+          f"{cluster.host_contention:.2f}", flush=True)
+    if profile is not None and balance is not None and sizes is not None and job is not None:
+        print(f"idle costs of balance {list(balance)} at {sizes} samples "
+              f"({'every rank at once' if args.idle_at_once else 'one rank at a time'}) ...",
+              flush=True)
+        rows = idle_costs(job, balance, sizes, rounds=args.idle_rounds, threads=args.threads,
+                          pin_cores=args.pin, at_once=args.idle_at_once)
+        rows = with_profile_seconds(rows, profile, cluster, balance)
+        cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
+        firsts = [sum(balance[:i]) for i in range(len(balance))]
+        for (first, kind, ckpt), part in sorted(_by_span(rows).items()):
+            extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
+                              for idle, r in sorted(_by_idle(part).items()))
+            print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
+                  f"seconds more after an idle of {extra} ms")
+        print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
+    path = cluster.save(args.out)
+    print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {path} "
+          f"(pipesim simulate/tune/run --cluster {path})")
+    return 0
+
+
+def _by_span(rows) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault((r.first, r.kind, r.checkpointed), []).append(r)
+    return out
+
+
+def _by_idle(rows) -> dict:
+    out: dict = {}
+    for r in rows:
+        out.setdefault(r.idle_s, []).append(r)
+    return out
+
+
+def add_calibrate(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("calibrate", help="measure this machine's cluster (CPU processes)",
+                       description="Measure the links, the executor's overheads and the host "
+                       "contention of --stages CPU processes on this machine (about 20 s), and "
+                       "with --idle-costs what a wait costs each stage's actions (minutes); "
+                       "write a Cluster JSON for simulate, tune and run --cluster.")
+    add_model_options(p)
+    p.add_argument("--stages", type=positive_int, default=2, help="processes (default 2)")
+    p.add_argument("--pin", action="store_true",
+                   help="each process on its own cores, as `run --transport processes --pin`")
+    p.add_argument("--idle-costs", metavar="PROFILE",
+                   help="also measure idle costs in place, read against this profile of "
+                   "--model (taken on this machine: `pipesim profile`)")
+    p.add_argument("--balance", help="the balance whose stages the idle costs are measured for "
+                   "(default: time-balanced from the profile)")
+    p.add_argument("--batch-size", type=positive_int, default=32,
+                   help="samples per iteration: the idle costs' largest micro-batch (default 32)")
+    p.add_argument("--idle-rounds", type=positive_int, default=10,
+                   help="rounds of the idle-cost measurement (default 10)")
+    p.add_argument("--idle-at-once", action="store_true",
+                   help="every rank measures its idle costs at the same time (a core per rank "
+                   "and more; see executor.in_place.idle_costs)")
+    p.add_argument("--out", default="out/cluster.json", help="cluster JSON path")
+    p.set_defaults(func=cmd_calibrate)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    return run(build_parser(extra=(add_profile, add_run, add_demo)), argv)
+    return run(build_parser(extra=(add_profile, add_run, add_calibrate, add_demo)), argv)
 
 
 if __name__ == "__main__":

@@ -50,8 +50,8 @@ from experiments.action_costs import beside_shares, overlap_class, parse_plan
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
-from experiments.validation import with_profile_seconds
 from pipesim.cluster import Cluster
+from pipesim.costs import with_profile_seconds
 from pipesim.profile import Profile
 
 #: idles measured (seconds): the grid's waits run from 0.1 ms to tens of milliseconds

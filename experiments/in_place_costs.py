@@ -44,8 +44,8 @@ from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
-from experiments.validation import profile_seconds
 from pipesim.cluster import Cluster
+from pipesim.costs import profile_seconds
 from pipesim.profile import Profile
 
 

@@ -57,9 +57,9 @@ from experiments.validation import (
     replay_error,
     save_measured_actions,
     summarise,
-    with_profile_seconds,
     without_columns,
 )
+from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
 

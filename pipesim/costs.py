@@ -6,8 +6,11 @@ this module is the one place that answers, so they cannot disagree.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipesim.cluster import Cluster, IdleCost
 from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -212,3 +215,27 @@ def _recompute_walk(profile: Profile, first: int, stop: int, size: float,
         walk.append((min(t, 1.0), float(saved[i]) / total_b if total_b > 0 else 1.0 / n))
     return tuple(walk)
 
+
+def profile_seconds(profile: Profile, cluster: Cluster, balance: list[int], size: int,
+                    checkpointed: bool) -> list[tuple[float, float]]:
+    """``(forward, backward)`` seconds the simulator gives each stage's actions alone at
+    ``size`` samples (profile, isolation correction, the cluster's in-action overhead)."""
+    plan = Plan(balance, 1, size, checkpoint="always" if checkpointed else "never")
+    costs = PlanCosts(profile, plan)
+    overhead = cluster.compute_overhead_s
+    return [(c.fwd_s + overhead, c.bwd_s + c.recompute_s + overhead)
+            for c in (costs.cost(s, 0) for s in range(plan.n_stages))]
+
+
+def with_profile_seconds(rows: Sequence[IdleCost], profile: Profile, cluster: Cluster,
+                         balance: Sequence[int]) -> list[IdleCost]:
+    """``rows`` of :func:`executor.in_place.idle_costs` for ``balance`` with ``profile_s``:
+    the seconds the simulator gives each action alone from ``profile``
+    (:func:`profile_seconds`), a profile taken in the same session as the rows, so that
+    the simulator reads them against the profile's own regime
+    (:meth:`pipesim.cluster.Cluster.idle_cost`)."""
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    alone = {(b, ckpt): profile_seconds(profile, cluster, list(balance), b, ckpt)
+             for b in {r.micro_batch for r in rows} for ckpt in (False, True)}
+    return [dataclasses.replace(r, profile_s=alone[(r.micro_batch, r.checkpointed)][
+        firsts.index(r.first)][0 if r.kind == "F" else 1]) for r in rows]

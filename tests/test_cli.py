@@ -11,7 +11,7 @@ import pytest
 from executor.cli import main
 from tests.helpers import uniform_profile
 
-COMMANDS = ["profile", "run", "demo", "simulate", "tune", "compare"]
+COMMANDS = ["profile", "run", "calibrate", "demo", "simulate", "tune", "compare"]
 
 
 def test_console_script_help_lists_every_command():
@@ -92,6 +92,11 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["profile", "--device", "cuda:7"], "--device 'cuda:7'"),
     (["run", "--iterations", "0"], "--iterations: must be an integer of at least 1"),
     (["run", "--plan", "nowhere.json"], "nowhere.json: cannot read a plan"),
+    (["calibrate", "--stages", "1"], "--stages 1: a pipeline's processes are 2 or more"),
+    (["calibrate", "--idle-costs", "nowhere.csv"], "--idle-costs nowhere.csv:"),
+    (["calibrate", "--idle-costs", "{profile}", "--batch-size", "1", "--model", "mlp"],
+     "has 4 layers, model 'mlp' 9"),
+    (["calibrate", "--idle-costs", "{profile}", "--balance", "1,1,2"], "has 3 stages, --stages is 2"),
 ])
 def test_user_mistakes_are_one_line_errors(argv, message, profile_path, tmp_path, capsys):
     from pipesim.cluster import Cluster
@@ -125,6 +130,40 @@ def test_run_with_profile_compares(tmp_path, capsys):
     assert main(["compare", str(out), str(out), "--out", str(tmp_path / "cmp")]) == 0
     assert (tmp_path / "cmp" / "compare_actions.csv").exists()
     assert (tmp_path / "cmp" / "compare_memory.png").exists()
+
+
+def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_path, capsys,
+                                                                        monkeypatch):
+    import executor.calibrate
+    from pipesim.cluster import Cluster
+
+    # the links and overheads are measured as validate.py measures them (tested there); here
+    # a preset stands in for them, and the idle costs are measured for real
+    monkeypatch.setattr(executor.calibrate, "calibrate_cpu",
+                        lambda n, **kw: Cluster.cpu_processes(n))
+    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+    prof = tmp_path / "p.csv"
+    assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
+                 "--out", str(prof)]) == 0
+    out = tmp_path / "cluster.json"
+    assert main(["calibrate", *small, "--idle-costs", str(prof), "--balance", "1,3",
+                 "--batch-size", "4", "--idle-rounds", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "stage 0 B" in text and "plans of balance [1, 3] pay them" in text
+    cluster = Cluster.load(out)
+    rows = cluster.idle_costs
+    # both stages' forwards, the first stage's backward, plain and checkpointed, per size
+    # and idle (the last stage's backward starts from its own loss: never after a wait)
+    assert {(r.first, r.stop, r.kind, r.checkpointed) for r in rows} == {
+        (0, 1, "F", False), (0, 1, "F", True), (0, 1, "B", False), (0, 1, "B", True),
+        (1, 4, "F", False), (1, 4, "F", True)}
+    assert {r.micro_batch for r in rows} == {2, 4} and all(r.profile_s > 0 for r in rows)
+    # what the simulator reads: a curve from idle 0 for the measured stages, none elsewhere
+    curve = cluster.idle_cost(0, 1, 2, False, "B")
+    assert curve[0][0] == 0.0 and [p[0] for p in curve[1:]] == sorted({r.idle_s for r in rows})
+    assert cluster.idle_cost(0, 2, 2, False, "B") == ()
+    assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
+                 "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
 
 
 @pytest.mark.slow
