@@ -219,7 +219,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
-    meta = json.loads((folder / f"validation_{tag}.json").read_text())
+    # a run cut before its end wrote no summary: then the calibration's readings alone
+    summary_path = folder / f"validation_{tag}.json"
+    meta = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary = meta.get("summary", {})
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
