@@ -137,8 +137,8 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     import executor.calibrate
     from pipesim.cluster import Cluster
 
-    # the links and overheads are measured as validate.py measures them (tested there); here
-    # a preset stands in for them, and the idle costs are measured for real
+    # the links and overheads (calibrate_cpu, ~20 s) are measured for real by the demo's
+    # test; here a preset stands in for them, and the idle costs are measured for real
     monkeypatch.setattr(executor.calibrate, "calibrate_cpu",
                         lambda n, **kw: Cluster.cpu_processes(n))
     small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
