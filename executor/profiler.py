@@ -294,6 +294,25 @@ def _time_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
     return fwd.elapsed()[0], bwd.elapsed()[0]
 
 
+def _checkpoint_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
+                      target: torch.Tensor, grad: torch.Tensor | None,
+                      device: torch.device) -> tuple[float, float]:
+    """What running the whole model as one ``torch.utils.checkpoint`` call adds, ``(forward
+    s, backward s)``: the checkpointed pass against the plain pass timed again right after
+    it, so that both come after a whole pass of the model (the profile adds the medians
+    of these to the plain pass's, ``whole_model[size]["ckpt_fwd_s"/"ckpt_bwd_s"]``).  The
+    plain pass :func:`_time_whole` timed first comes right after the layer-by-layer pass,
+    the caches holding other
+    work: on this project's CPU that first pass ran 0.15-0.23 ms slower than the second
+    for the MLP (8 layers), which read as the checkpoint costing 0.10-0.15 ms instead of
+    the 0.26-0.32 ms it costs against the second (2026-11-26, 25 passes at 2-32 samples;
+    stages of it run alone in a loop: 0.08 ms for one layer, 0.16-0.25 ms for four), and the
+    span costs then took the difference for the checkpoint's entry paid once a call."""
+    ckpt_f, ckpt_b = _time_whole(model, x, loss_fn, target, grad, device, True)
+    again_f, again_b = _time_whole(model, x, loss_fn, target, grad, device)
+    return ckpt_f - again_f, ckpt_b - again_f - again_b
+
+
 def _time_whole_repeated(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | None,
                          target: torch.Tensor, device: torch.device,
                          runs: int = 3) -> tuple[float, float]:
@@ -451,7 +470,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                                    split)
                 w: tuple[float, ...] = _time_whole(model, x0, loss_fn, target, grads[-1], device)
                 if checkpointed:
-                    w += _time_whole(model, x0, loss_fn, target, grads[-1], device, True)
+                    w += _checkpoint_whole(model, x0, loss_fn, target, grads[-1], device)
                 if split:
                     w += _time_whole_split(model, x0, loss_fn, target, device)
                 if repeated:
@@ -466,6 +485,10 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             byte_rows = prepared[b][3]
             whole_model[str(b)] = {k: statistics.median(t[i] for t in whole[b])
                                    for i, k in enumerate(keys)}
+            if checkpointed:  # the medians of what the checkpoint adds, on the plain pass's
+                medians = whole_model[str(b)]
+                medians["ckpt_fwd_s"] += medians["fwd_s"]
+                medians["ckpt_bwd_s"] += medians["fwd_s"] + medians["bwd_s"]
             for i, layer in enumerate(layers):
                 row = byte_rows[i]
                 for column in samples[b][0][i]:

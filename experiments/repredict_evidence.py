@@ -12,6 +12,8 @@ The GPU check anyone can run without a GPU.  Sources, under
 * ``grid_2stages/validation_gpu.csv``: 240 plans (gpt, mlp x fp32, bf16; two stages as
   threads on one H100), profiles and calibration beside it;
 * ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations;
+  the project's own later 16-core grids (``experiments/results/gpu/validation_cpu_*``,
+  2026-11-26) beside them, as run and re-predicted (:func:`cpu16_latest`);
 
 and the project's latest GPU run, ``experiments/results/gpu/`` (2026-11-23, the same grid
 on an H100 with long-lived workers and the measured concurrency law, each plan's memory
@@ -402,6 +404,30 @@ def cpu16(evidence: Path) -> list[dict]:
     return rows
 
 
+def cpu16_latest(_evidence: Path) -> list[dict]:
+    """Rows for the project's own 16-core grids in :data:`LATEST_GPU`
+    (``validation_cpu_{4,8}stages.csv``, ``gpu_run.sh cpu16``, 2026-11-26 on the H200
+    machine's host): ``as_run``, the prediction the run made, and ``today``, the same plans
+    predicted again from the run's own profiles and readings (``validate.py``'s
+    :func:`experiments.validation.predict_saved`)."""
+    from experiments.validation import predict_saved
+
+    rows = []
+    for stages in (4, 8):
+        tag = f"cpu_{stages}stages"
+        if not (LATEST_GPU / f"validation_{tag}.csv").exists():
+            continue
+        table = predict_saved(LATEST_GPU, tag)
+        for r in table.itertuples():
+            plan = _plan(str(r.balance), r.chunks, r.checkpoint, r.schedule).label()
+            for variant, predicted in (("as_run", r.predicted_ms), ("today", r.predicted_ms_now)):
+                rows.append({"source": f"cpu16_{stages}ranks_latest", "model": r.model,
+                             "dtype": "float32", "plan": plan, "variant": variant,
+                             "predicted_ms": predicted, "measured_ms": r.measured_ms,
+                             "bubble_pred": r.bubble_pred, "bubble_meas": r.bubble_meas})
+    return rows
+
+
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
     t = table.assign(err=100 * (table.predicted_ms / table.measured_ms - 1),
                      bubble_err=(table.bubble_pred - table.bubble_meas).abs())
@@ -416,12 +442,12 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=EVIDENCE)
-    ap.add_argument("--sources", default="traces,grid_2stages,gpu_results,cpu16")
+    ap.add_argument("--sources", default="traces,grid_2stages,gpu_results,cpu16,cpu16_latest")
     args = ap.parse_args()
     rows: list[dict] = []
     for source in args.sources.split(","):
         rows += {"traces": traces, "grid_2stages": grid_2stages, "gpu_results": grid_gpu_results,
-                 "cpu16": cpu16}[source](args.evidence)
+                 "cpu16": cpu16, "cpu16_latest": cpu16_latest}[source](args.evidence)
     table = pd.DataFrame(rows)
     summary = summarise(table)
     with pd.option_context("display.width", 160, "display.max_rows", 200):

@@ -1285,6 +1285,23 @@ def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_la
     assert measured_laws(tmp_path / "nowhere") == {}
 
 
+def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
+    import pandas as pd
+
+    from experiments.repredict_evidence import LATEST_GPU, cpu16_latest
+
+    rows = pd.DataFrame(cpu16_latest(LATEST_GPU))
+    as_run = rows[(rows.variant == "as_run") & (rows.source == "cpu16_4ranks_latest")]
+    saved = pd.read_csv(LATEST_GPU / "validation_cpu_4stages.csv")
+    # every plan of the 4-rank grid, with the prediction the run made, and re-predicted
+    assert len(as_run) == len(saved) == 120
+    assert sorted(as_run.predicted_ms) == pytest.approx(sorted(saved.predicted_ms))
+    today = rows[(rows.variant == "today") & (rows.source == "cpu16_4ranks_latest")]
+    assert len(today) == 120 and today.predicted_ms.gt(0).all()
+    # the 8-rank grid was cut after mlp: its finished plans still come back
+    assert set(rows[rows.source == "cpu16_8ranks_latest"].model) == {"mlp"}
+
+
 def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone():
     from experiments.action_costs import action_ratios, overlap_class, parse_plan
 
