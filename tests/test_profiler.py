@@ -108,6 +108,32 @@ def test_profile_measures_host_time_and_checkpoint_costs():
     assert span.ckpt_fwd_extra_s >= 0 and span.ckpt_bwd_extra_s >= 0
 
 
+def test_the_whole_models_checkpoint_extra_is_read_against_the_plain_pass_right_after_it(
+        monkeypatch):
+    import executor.profiler as profiler
+
+    # scripted whole-model passes, in the order a profiling pass times them: the plain
+    # pass (right after the layer-by-layer one: colder), the checkpointed one, the plain
+    # one again
+    script = {False: [(1.0, 2.0), (0.9, 1.8)], True: [(1.5, 3.5)]}
+    calls: list[bool] = []
+
+    def scripted(model, x, loss_fn, target, grad, device, checkpointed=False):
+        calls.append(checkpointed)
+        runs = script[checkpointed]
+        return runs[(calls.count(checkpointed) - 1) % len(runs)]
+
+    monkeypatch.setattr(profiler, "_time_whole", scripted)
+    module, loss_fn, x, y = builtin_job("mlp", 2, width=16, depth=3, in_features=8)
+    prof = profile(module, (x, y), [2], loss_fn=loss_fn, repeats=1, warmup=0, progress=False)
+    assert calls == [False, True, False]
+    whole = prof.meta["whole_model"]["2"]
+    assert (whole["fwd_s"], whole["bwd_s"]) == (1.0, 2.0)  # the first plain pass's
+    # what the checkpoint adds (1.5 - 0.9 forward, 3.5 - 0.9 - 1.8 backward) on top of it
+    assert whole["ckpt_fwd_s"] == pytest.approx(1.0 + 0.6)
+    assert whole["ckpt_bwd_s"] == pytest.approx(1.0 + 2.0 + 0.8)
+
+
 def test_profile_with_streams_measures_the_concurrency_law_at_each_size(tmp_path):
     module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
     prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0,
