@@ -300,14 +300,14 @@ def _checkpoint_whole(model: nn.Sequential, x: torch.Tensor, loss_fn: LossFn | N
     """What running the whole model as one ``torch.utils.checkpoint`` call adds, ``(forward
     s, backward s)``: the checkpointed pass against the plain pass timed again right after
     it, so that both come after a whole pass of the model (the profile adds the medians
-    of these to the plain pass's, ``whole_model[size]["ckpt_fwd_s"/"ckpt_bwd_s"]``).  The
-    plain pass :func:`_time_whole` timed first comes right after the layer-by-layer pass,
-    the caches holding other
-    work: on this project's CPU that first pass ran 0.15-0.23 ms slower than the second
-    for the MLP (8 layers), which read as the checkpoint costing 0.10-0.15 ms instead of
-    the 0.26-0.32 ms it costs against the second (2026-11-26, 25 passes at 2-32 samples;
-    stages of it run alone in a loop: 0.08 ms for one layer, 0.16-0.25 ms for four), and the
-    span costs then took the difference for the checkpoint's entry paid once a call."""
+    of these to the plain pass's, ``whole_model[size]["ckpt_fwd_s"/"ckpt_bwd_s"]``).
+    The plain pass :func:`_time_whole` timed first comes right after the layer-by-layer
+    pass, the caches holding other work: on this project's CPU it ran 0.15-0.23 ms slower
+    than the same pass timed again for the MLP (8 layers), so the checkpoint read as
+    costing 0.10-0.15 ms instead of the 0.26-0.32 ms it costs against the second
+    (2026-11-26, 25 passes at 2-32 samples; stages of it timed directly, alternating: 0.08
+    ms for one layer, 0.16-0.25 ms for four), and the span costs took the difference for
+    the checkpoint's entry paid once a call (:meth:`pipesim.Profile.isolation_excess`)."""
     ckpt_f, ckpt_b = _time_whole(model, x, loss_fn, target, grad, device, True)
     again_f, again_b = _time_whole(model, x, loss_fn, target, grad, device)
     return ckpt_f - again_f, ckpt_b - again_f - again_b
@@ -393,9 +393,10 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     shared, noisy machine a burst of load then spreads over every layer's and every size's
     samples instead of inflating one layer's or one size's median.  ``checkpointed`` also times every
     layer inside ``torch.utils.checkpoint`` (the optional ``ckpt_*`` columns; about 1.6x
-    the profiling time), since a checkpointed stage pays the checkpoint's hooks, which
-    launch-bound layers feel most.  ``split`` also times each backward's input and weight
-    halves (``bwd_input_s``, ``bwd_weight_s``) for the zero-bubble schedules.  ``streams``
+    the profiling time, two more whole-model passes a repetition included), since a
+    checkpointed stage pays the checkpoint's hooks, which launch-bound layers feel most.
+    ``split`` also times each backward's input and weight halves (``bwd_input_s``,
+    ``bwd_weight_s``) for the zero-bubble schedules.  ``streams``
     (> 1) also measures, at each size, how ``1..streams`` worker threads share the device
     (:func:`measure_device_speedup`, ``meta["stream_speedup"]``): what the simulator needs
     for pipeline stages placed on one GPU.  ``interpreter`` also measures, at each size, the
