@@ -311,11 +311,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     print(f"calibrating {args.stages} processes ...", flush=True)
     cluster = calibrate_cpu(args.stages, threads_per_rank=args.threads, pin_cores=args.pin)
-    wakeup = cluster.action_gap_s if cluster.wakeup_gap_s is None else cluster.wakeup_gap_s
     print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s; overhead {cluster.compute_overhead_s * 1e6:.0f}"
           f" us in an action, {cluster.action_gap_s * 1e6:.0f} us between actions, "
-          f"{wakeup * 1e6:.0f} us after a wake-up; host contention "
+          f"{cluster.wakeup_s * 1e6:.0f} us after a wake-up; host contention "
           f"{cluster.host_contention:.2f}", flush=True)
     if profile is not None and balance is not None and sizes is not None and job is not None:
         print(f"idle costs of balance {list(balance)} at {sizes} samples "
@@ -326,9 +325,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         rows = with_profile_seconds(rows, profile, cluster, balance)
         cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
         firsts = [sum(balance[:i]) for i in range(len(balance))]
-        for (first, kind, ckpt), part in sorted(_by_span(rows).items()):
+        spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
+        for (first, kind, ckpt), part in sorted(spans.items()):
             extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
-                              for idle, r in sorted(_by_idle(part).items()))
+                              for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
             print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
                   f"seconds more after an idle of {extra} ms")
         print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
@@ -338,17 +338,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by_span(rows) -> dict:
+def _grouped(rows, key) -> dict:
+    """``rows`` in lists by ``key(row)``, in their order."""
     out: dict = {}
     for r in rows:
-        out.setdefault((r.first, r.kind, r.checkpointed), []).append(r)
-    return out
-
-
-def _by_idle(rows) -> dict:
-    out: dict = {}
-    for r in rows:
-        out.setdefault(r.idle_s, []).append(r)
+        out.setdefault(key(r), []).append(r)
     return out
 
 

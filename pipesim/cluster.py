@@ -225,6 +225,12 @@ class Cluster:
     def n_devices(self) -> int:
         return len(self.devices)
 
+    @property
+    def wakeup_s(self) -> float:
+        """Seconds from a blocked worker's input arriving to its action starting:
+        ``wakeup_gap_s``, or ``action_gap_s`` where the cluster has none."""
+        return self.action_gap_s if self.wakeup_gap_s is None else self.wakeup_gap_s
+
     def link_between(self, src: int, dst: int) -> Link:
         """The link from worker ``src`` to worker ``dst``; free on one physical device."""
         if self.devices[src].resource == self.devices[dst].resource:

@@ -248,7 +248,7 @@ class _Run:
         name = f"dev{w}"
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
-        wakeup = gap if sim.cluster.wakeup_gap_s is None else sim.cluster.wakeup_gap_s
+        wakeup = sim.cluster.wakeup_s
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
