@@ -11,13 +11,19 @@
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order:
-#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0, then gpt alike
-#           (2026-11-26 without idle costs: both models' 4-rank grid in 7 minutes on the
-#           H200 host, 8.1% / 32.5%; idle costs measured at once add about a minute a
-#           balance), then CPU16_STAGES=8 (its mlp quick grid alone took 4 minutes);
-#   tests, then gpu --stages 2 (about 1 + 7 minutes; the grid also predicts every plan as
-#           threads of one process; its allocator snapshots check the reserved-memory
-#           estimate: python experiments/reserved_evidence.py afterwards);
+#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 alone in one
+#           call under `timeout 560`, then gpt alike (2026-11-26 without idle costs: both
+#           models' 4-rank grid in 7 minutes on the H200 host, 8.1% / 32.5%; with idle
+#           costs at once, mlp alone was still in its after-grid readings at 345 s and
+#           was cut: h200-2026-11-26/README.md), then CPU16_STAGES=8 (its mlp quick grid
+#           alone took 4 minutes);
+#   gpu --stages 2 --dtypes float32 --out experiments/results/gpu/NEW-FOLDER under
+#           `timeout 560` (a folder of its own: the default one holds the 2026-11-23 H100
+#           run that repredict_evidence.py reads; gpt fp32's profile alone, interpreter
+#           shares included, took 3 minutes on 2026-11-26; the grid also predicts every
+#           plan as threads of one process; its allocator snapshots check the
+#           reserved-memory estimate: python experiments/reserved_evidence.py afterwards);
+#   tests (about a minute);
 #   threads, gpu --stage-memory-only --stages 2 (the profiles the grid left), crossing;
 # carry .whl (simpy: pip download --no-deps -d .whl simpy==4.1.2, .whl ignored in
 # .git/info/exclude) and the results of earlier calls, committed, travel with the tree.

@@ -48,6 +48,7 @@ from experiments.validation import (
     grid,
     in_passes,
     iterations_for,
+    measured_table,
     noise_floor,
     pass_noise,
     per_model_figures,
@@ -161,6 +162,16 @@ def main() -> None:
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
+    def keep_readings() -> None:
+        """The readings so far, where the run's summary will hold them (replaced by it at
+        the end): what `--repredict` (validation.predict_saved) needs of a cut run."""
+        partial = {"host_contention_readings": contention, "gap_readings": gaps,
+                   "in_action_readings": in_action, "idle_costs": idle,
+                   "profile_drift_pct": drifts, "cut_short": True}
+        (results / f"validation_{tag}.json").write_text(json.dumps(
+            {**machine(), "summary": partial, "batch": BATCH, "stages": args.stages},
+            indent=2, default=str))
+
     for name in args.models.split(","):
         sizes_of_model = dict(MODELS[name])
         if args.stages > 4:  # enough layers for 8 stages
@@ -215,6 +226,13 @@ def main() -> None:
         measure = in_passes(measure_once, args.passes, args.tie_break or None)
 
         traces = measure(plans)
+        # kept at once, with each plan's measured iteration: the readings after the grid
+        # and the predictions (ablations: minutes on 4-8 ranks) come later, and a run cut
+        # there (a lent machine's time limit) can still be predicted afterwards with
+        # `--repredict`, from what keep_readings writes below
+        save_measured_actions(actions_path, name, plans, traces)
+        pd.concat([*tables, measured_table(name, plans, traces)], ignore_index=True).to_csv(
+            results / f"validation_{tag}.csv", index=False)
         # profiled again once the runs are done: the prediction uses the mean of the two,
         # the machine's speed as the runs found it on average (this shared VM drifts by
         # 10-20% over minutes); how far the two apart is the run's profile drift
@@ -225,6 +243,7 @@ def main() -> None:
         waits = [row for balance, rows in waited.items()
                  for row in with_profile_seconds(rows, prof, cluster, balance)]
         idle[name] = [dataclasses.asdict(row) for row in waits]
+        keep_readings()
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
@@ -233,6 +252,7 @@ def main() -> None:
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
         in_action.append(again["in_action_s"])
+        keep_readings()
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
             idle_costs=tuple(waits))
@@ -261,12 +281,11 @@ def main() -> None:
         per_model[name] = per_model_figures(table, traces)
         measured_all += traces
         tables.append(table)
-        # (confirm_choice alternates the two plans itself: one pass is enough)
-        choices.append({"model": name, **confirm_choice(table, plans, measure_once)})
-        save_measured_actions(actions_path, name, plans, traces)
-        # written as each model finishes: a run cut short keeps its finished grids
+        # written as each model's predictions are done: a run cut short keeps them
         pd.concat(tables, ignore_index=True).to_csv(results / f"validation_{tag}.csv",
                                                     index=False)
+        # (confirm_choice alternates the two plans itself: one pass is enough)
+        choices.append({"model": name, **confirm_choice(table, plans, measure_once)})
         # every plan replayed (a simulation each, milliseconds): the schedule logic and
         # the gaps alone, each action at its own measured median duration
         for plan, trace in zip(plans, traces, strict=True):

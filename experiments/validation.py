@@ -94,8 +94,7 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
         cmp = compare(predicted, trace)
         it = cmp.iteration.set_index("metric")
         rows.append({
-            "model": label, "balance": ",".join(map(str, plan.balance)), "chunks": plan.chunks,
-            "checkpoint": plan.checkpoint, "schedule": plan.schedule,
+            **_plan_columns(label, plan),
             "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
             "measured_ms": it.loc["iteration_time_s", "measured"] * 1e3,
             "error_pct": 100 * it.loc["iteration_time_s", "rel_error"],
@@ -109,6 +108,26 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
             **{f"predicted_ms_{name}": 1e3 * metrics(simulate(p, plan, c, track_memory=False))
                .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
+    return pd.DataFrame(rows)
+
+
+def _plan_columns(label: str, plan: Plan) -> dict:
+    """The columns that name a grid's row: its model (``label``) and plan."""
+    return {"model": label, "balance": ",".join(map(str, plan.balance)), "chunks": plan.chunks,
+            "checkpoint": plan.checkpoint, "schedule": plan.schedule}
+
+
+def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.DataFrame:
+    """The grid's rows as measured, before any prediction: what :func:`predicted_against`
+    writes of the runs themselves (milliseconds, fractions, samples per second, bytes).
+    Saved first, so that a run cut before its predictions can be predicted later
+    (:func:`predict_saved`)."""
+    rows = []
+    for plan, trace in zip(plans, measured, strict=True):
+        m = metrics(trace)
+        rows.append({**_plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
+                     "bubble_meas": m.mean_bubble, "throughput_meas": m.throughput,
+                     "peak_meas_bytes": max(m.peak_memory_bytes.values(), default=float("nan"))})
     return pd.DataFrame(rows)
 
 

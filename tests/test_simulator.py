@@ -1249,6 +1249,26 @@ def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path
     assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(without)
 
 
+def test_a_run_cut_before_its_predictions_is_predicted_from_what_it_measured(tmp_path):
+    from experiments.validation import measured_table, predict_saved
+
+    # validate.py saves each grid as measured before predicting it: a run "measured" by
+    # the simulator itself, saved so, is predicted later to exactly what it measured
+    prof, cluster = uniform_profile(4), Cluster([Device("a"), Device("b")])
+    plans = [Plan([2, 2], chunks, 32, schedule=schedule)
+             for chunks in (1, 4) for schedule in ("gpipe", "1f1b")]
+    runs = [simulate(prof, plan, cluster) for plan in plans]
+    table = measured_table("m", plans, runs)
+    assert table.measured_ms.tolist() == pytest.approx(
+        [1e3 * metrics(t).iteration_time_s for t in runs])
+    assert (table.bubble_meas > 0).all() and (table.peak_meas_bytes > 0).all()
+    table.to_csv(tmp_path / "validation_cpu.csv", index=False)
+    prof.save(tmp_path / "profile_cpu_m.csv")
+    cluster.save(tmp_path / "calibration_cpu.json")
+    again = predict_saved(tmp_path)  # no summary: the run never reached it
+    assert again.predicted_ms_now.tolist() == pytest.approx(table.measured_ms.tolist())
+
+
 def test_one_runs_overhead_readings_are_pooled_by_their_median():
     from experiments.repredict_evidence import pooled_overheads
 
