@@ -22,7 +22,7 @@ pooled times (median over runs).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
-                                       [--idle none|FILE]]
+                                       [--idle none|FILE] [--extras none|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -81,7 +81,8 @@ def _git_show(commit: str, path: str) -> bytes:
 
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
-              slowdowns: str = "", costs: str = "", idle: str = "") -> pd.DataFrame:
+              slowdowns: str = "", costs: str = "", idle: str = "",
+              extras: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
@@ -92,7 +93,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     ``idle``, ``"none"`` or a JSON file of the actions' idle costs measured in place
     (``experiments/idle_costs.py``): ``predicted_ms_now_no_idle``, the same without the
     idle costs each run measured (``predicted_ms_now`` has them), or
-    ``predicted_ms_now_idle``, with the file's in their place)."""
+    ``predicted_ms_now_idle``, with the file's in their place); ``extras`` likewise for
+    the checkpoint's extras measured in place (``predicted_ms_now_no_extras``, or
+    ``predicted_ms_now_extras`` from a JSON file ``{"checkpoint_extras": {model: rows}}``)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     tables = []
     for folder in folders:
@@ -110,6 +113,11 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
                                   in_place_readings(folder, idle, "idle_costs", tag))
             table["predicted_ms_now_no_idle" if idle == "none"
                   else "predicted_ms_now_idle"] = again.predicted_ms_now
+        if repredict and extras:
+            again = predict_saved(folder, tag, cluster_fields, extras={} if extras == "none"
+                                  else in_place_readings(folder, extras, "checkpoint_extras", tag))
+            table["predicted_ms_now_no_extras" if extras == "none"
+                  else "predicted_ms_now_extras"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -200,9 +208,13 @@ def main() -> None:
                     help="with --repredict: also predict without the idle costs each run "
                     "measured ('none': predicted_ms_now_no_idle), or with a file of them "
                     "(experiments/idle_costs.py) in their place (predicted_ms_now_idle)")
+    ap.add_argument("--extras", default="", metavar="none|FILE",
+                    help="with --repredict: also predict without the checkpoint extras each "
+                    "run measured ('none': predicted_ms_now_no_extras), or with a file of "
+                    "them in their place (predicted_ms_now_extras)")
     args = ap.parse_args()
-    if (args.slowdowns or args.costs or args.idle) and not args.repredict:
-        ap.error("--slowdowns, --costs and --idle need --repredict")
+    if (args.slowdowns or args.costs or args.idle or args.extras) and not args.repredict:
+        ap.error("--slowdowns, --costs, --idle and --extras need --repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -217,7 +229,7 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
-                         args.costs, args.idle)
+                         args.costs, args.idle, args.extras)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

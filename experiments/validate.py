@@ -37,7 +37,7 @@ import torch
 
 from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
-from executor.in_place import idle_costs, stage_contention
+from executor.in_place import checkpoint_extras, idle_costs, stage_contention
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
@@ -114,6 +114,10 @@ def main() -> None:
                     "without; --no-idle-costs neither measures nor uses them)")
     # (the 16-core H200 host's 4-rank grid, 2026-11-26, without them: actions after 3-30 ms
     # idle ran 1.2-1.4x their profile, hot ones 0.97-1.04x; its error was all under)
+    ap.add_argument("--checkpoint-extras", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure what checkpointing adds to each stage's backward in place "
+                    "and predict with it (pipesim.cluster.CheckpointExtra; ablation "
+                    "no_checkpoint_extras)")
     ap.add_argument("--idle-at-once", action="store_true",
                     help="measure the idle costs on every rank at the same time (a core per "
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
@@ -158,6 +162,7 @@ def main() -> None:
     model_readings: dict[str, float] = {}
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
+    checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
@@ -167,6 +172,7 @@ def main() -> None:
         the end): what `--repredict` (validation.predict_saved) needs of a cut run."""
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
+                   "checkpoint_extras": checkpoint_rows,
                    "profile_drift_pct": drifts, "cut_short": True}
         (results / f"validation_{tag}.json").write_text(json.dumps(
             {**machine(), "summary": partial, "batch": BATCH, "stages": args.stages},
@@ -199,19 +205,26 @@ def main() -> None:
         print(f"{name}: {len(plans)} plans", flush=True)
         # the ablation in_place_contention: each balance's stages computing alone and
         # together in the run's layout, per micro-batch size (executor.in_place)
-        spans = [row for balance in sorted({tuple(p.balance) for p in plans})
-                 for row in stage_contention(job, balance, sorted({b for p in plans
-                                                                   for b in p.micro_batch_sizes}),
+        balances = sorted({tuple(p.balance) for p in plans})
+        sizes_of_plans = sorted({b for p in plans for b in p.micro_batch_sizes})
+        spans = [row for balance in balances
+                 for row in stage_contention(job, balance, sizes_of_plans,
                                              threads=args.threads, pin_cores=args.pin)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
         # what a wait costs (--idle-costs, the default): each balance's actions after their
         # rank idled, against at its steady pace, in place (executor.in_place.idle_costs;
         # read against the profile below, taken in the same run)
-        waited = {balance: idle_costs(job, balance, sorted({b for p in plans
-                                                            for b in p.micro_batch_sizes}),
-                                      rounds=IDLE_ROUNDS, threads=args.threads,
-                                      pin_cores=args.pin, at_once=args.idle_at_once)
-                  for balance in sorted({tuple(p.balance) for p in plans})} if args.idle_costs else {}
+        waited = {balance: idle_costs(job, balance, sizes_of_plans, rounds=IDLE_ROUNDS,
+                                      threads=args.threads, pin_cores=args.pin,
+                                      at_once=args.idle_at_once)
+                  for balance in balances} if args.idle_costs else {}
+
+        # what checkpointing adds to each stage's backward, in place (--checkpoint-extras,
+        # the default): charged where a checkpointed backward has no idle cost to read
+        extras = ([row for balance in balances for row in checkpoint_extras(
+                      job, balance, sizes_of_plans, threads=args.threads, pin_cores=args.pin)]
+                  if args.checkpoint_extras else [])
+        checkpoint_rows[name] = [dataclasses.asdict(row) for row in extras]
 
         # (from the predicted iteration time: once per plan, for every pass)
         counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
@@ -255,10 +268,10 @@ def main() -> None:
         keep_readings()
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
-            idle_costs=tuple(waits))
+            idle_costs=tuple(waits), checkpoint_extras=tuple(extras))
         unbracketed = dataclasses.replace(
             bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1]),
-            idle_costs=tuple(waits))
+            idle_costs=tuple(waits), checkpoint_extras=tuple(extras))
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
@@ -271,6 +284,8 @@ def main() -> None:
                      **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
                                                                      idle_costs=()))}
                         if waits else {}),
+                     **({"no_checkpoint_extras": (prof, dataclasses.replace(
+                         model_cluster, checkpoint_extras=()))} if extras else {}),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
@@ -315,6 +330,7 @@ def main() -> None:
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
     summary["idle_costs"] = idle
+    summary["checkpoint_extras"] = checkpoint_rows
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import Cluster, IdleCost
+from pipesim.cluster import CheckpointExtra, Cluster, IdleCost
 from pipesim.compare import compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
@@ -216,7 +216,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
                   cluster_fields: dict[str, float | None] | None = None,
                   slowdowns: dict[str, list] | None = None,
                   costs: dict[str, list] | None = None,
-                  idle: dict[str, list] | None = None) -> pd.DataFrame:
+                  idle: dict[str, list] | None = None,
+                  extras: dict[str, list] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -234,7 +235,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     rows or their dicts) a model's cluster the actions' idle costs measured in place
     (:func:`executor.in_place.idle_costs`): by default (None) those the run measured, as
     today's ``validate.py`` predicts with them (none in runs before 2026-11-25 evening);
-    ``{}`` none."""
+    ``{}`` none; ``extras`` likewise the checkpoint's extras measured in place
+    (:class:`pipesim.cluster.CheckpointExtra`, :func:`executor.in_place.checkpoint_extras`;
+    none in runs before 2026-11-26 05:00)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -247,6 +250,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
     in_action_readings = summary.get("in_action_readings")
     if idle is None:
         idle = summary.get(IN_PLACE_KEYS["idle_costs"], {})
+    if extras is None:
+        extras = summary.get(IN_PLACE_KEYS["checkpoint_extras"], {})
 
     def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
         """The readings before and after model i's grid, where the run took them."""
@@ -260,7 +265,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
                       around(in_action_readings, i, ())),
             host_slowdowns=tuple((slowdowns or {}).get(m, ())),
             idle_costs=tuple(IdleCost(**x) if isinstance(x, dict) else x
-                             for x in idle.get(m, ())), **(cluster_fields or {}))
+                             for x in idle.get(m, ())),
+            checkpoint_extras=tuple(CheckpointExtra(**x) if isinstance(x, dict) else x
+                                    for x in extras.get(m, ())), **(cluster_fields or {}))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
@@ -295,7 +302,8 @@ def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str,
 #: what each in-place measurement is called in a run's summary (``validation_TAG.json``)
 #: and in its own file: host slowdowns (experiments/in_place_contention.py), idle costs
 #: (experiments/idle_costs.py)
-IN_PLACE_KEYS = {"slowdowns": "in_place_slowdowns", "idle_costs": "idle_costs"}
+IN_PLACE_KEYS = {"slowdowns": "in_place_slowdowns", "idle_costs": "idle_costs",
+                 "checkpoint_extras": "checkpoint_extras"}
 
 
 def in_place_readings(folder: Path, source: str, what: str, tag: str = "cpu") -> dict[str, list]:

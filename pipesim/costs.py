@@ -52,6 +52,9 @@ class StageCost:
     #: what torch.utils.checkpoint adds to ``fwd_s`` (0 unless checkpointed): a forward
     #: whose backward is split runs without it
     ckpt_fwd_extra_s: float = 0.0
+    #: what torch.utils.checkpoint adds to ``bwd_s`` beside the recomputation (0 unless
+    #: checkpointed): ``bwd_s - ckpt_bwd_extra_s`` is the plain backward
+    ckpt_bwd_extra_s: float = 0.0
     #: the backward's walk back through the stage's layers, last layer first: per layer
     #: ``(start, end, parameter share, saved share)`` -- when its backward starts and ends
     #: as fractions of the backward proper (by profiled seconds), its share of the stage's
@@ -146,6 +149,7 @@ class PlanCosts:
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,
+                        ckpt_bwd_extra_s=span.ckpt_bwd_extra_s if ckpt else 0.0,
                         bwd_weight_s=span.bwd_weight_s,
                         w_pending_bytes=span.w_pending_bytes,
                     )

@@ -224,6 +224,18 @@ class StepBuilder:
             seconds = c.bwd_s + recompute + overhead
             alloc_start = parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = parts(*freed)
+        idle = self.idle_curve(s, mb, BACKWARD) if kind == BACKWARD and measured is None else ()
+        if kind == BACKWARD and measured is None and recompute and not idle:
+            # checkpointing's cost measured in place, where the action has no idle curve
+            # (which would read it in place already): the plain backward and that extra,
+            # the recomputation its profiled share of the extra
+            layers = self.plan.stage_layers(s)
+            extra = self.cluster.checkpoint_extra(layers.start, layers.stop,
+                                                  self.plan.micro_batch_sizes[mb])
+            if extra is not None:
+                profiled = recompute + c.ckpt_bwd_extra_s
+                recompute *= extra / profiled if profiled > 0 else 1.0
+                seconds = c.bwd_s - c.ckpt_bwd_extra_s + extra + overhead
         # (a recomputation is a forward: Python issuing, under the interpreter)
         held = (seconds * c.interpreter_ckpt_bwd_share if c.interpreter_ckpt_bwd_share is not None
                 else recompute * c.interpreter_fwd_share
@@ -244,7 +256,6 @@ class StepBuilder:
             engine, engine_recompute = engine * factor, engine_recompute * factor
             seconds, recompute, held, engine_held = measured, min(recompute, measured), 0.0, 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
-        idle = self.idle_curve(s, mb, BACKWARD) if kind == BACKWARD and measured is None else ()
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
                      grads=grads if kind == BACKWARD else 0.0, walk=c.backward_walk or WHOLE,

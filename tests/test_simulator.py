@@ -418,6 +418,53 @@ def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_pat
         Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.01, 1e-3, "W"),))
 
 
+def test_a_checkpointed_backward_without_an_idle_curve_costs_its_plain_one_and_the_extra_measured():
+    from pipesim.cluster import CheckpointExtra, IdleCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
+
+    def backwards(cluster: Cluster) -> list[float]:
+        b = simulate(prof, plan, cluster).actions.query("kind == 'B'").sort_values("stage")
+        return (b.end - b.start).tolist()
+
+    two = [Device("a"), Device("b")]
+    # the profile's: the plain backward (2 s) and the recomputation (1 s)
+    assert backwards(Cluster(two)) == pytest.approx([3.0, 3.0])
+    # measured in place: checkpointing adds 0.5 s to the last stage's backward, 4 s to
+    # the first's -- which has an idle curve, so it is read in place already
+    curve = (IdleCost(0, 1, 1, True, 1.0, 0.0),)
+    extras = (CheckpointExtra(1, 2, 1, 0.5), CheckpointExtra(0, 1, 1, 4.0))
+    assert backwards(Cluster(two, checkpoint_extras=extras, idle_costs=curve)) == \
+        pytest.approx([3.0, 2.5])
+    assert backwards(Cluster(two, checkpoint_extras=extras)) == pytest.approx([6.0, 2.5])
+    # plain micro-batches and a replay's durations are not touched
+    never = Plan([1, 1], 1, 1, checkpoint="never", schedule="gpipe")
+    assert metrics(simulate(prof, never, Cluster(two, checkpoint_extras=extras))) \
+        .iteration_time_s == pytest.approx(metrics(simulate(prof, never, Cluster(two)))
+                                           .iteration_time_s)
+    durations = {(s, k, 0): 1.0 for s in (0, 1) for k in ("F", "B")}
+    replay = simulate(prof, plan, Cluster(two, checkpoint_extras=extras), durations=durations)
+    assert (replay.actions.end - replay.actions.start).max() == pytest.approx(1.0)
+
+
+def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
+    from pipesim.cluster import CheckpointExtra
+    from pipesim.errors import ClusterError
+
+    c = Cluster([Device("a"), Device("b")], checkpoint_extras=(
+        CheckpointExtra(0, 3, 2, 1e-3), CheckpointExtra(0, 3, 8, 3e-3),
+        CheckpointExtra(3, 6, 2, -1e-4)))
+    assert c.checkpoint_extra(0, 3, 4) == pytest.approx(2e-3)  # halfway in log2(size)
+    assert c.checkpoint_extra(0, 3, 32) == pytest.approx(3e-3)  # the nearest size's
+    assert c.checkpoint_extra(3, 6, 2) == 0.0  # below 0: noise
+    assert c.checkpoint_extra(1, 3, 2) is None  # another span: not measured
+    assert Cluster.load(c.save(tmp_path / "c.json")).checkpoint_extras == c.checkpoint_extras
+    with pytest.raises(ClusterError, match=r"layers \[0, 3\) needs a micro-batch >= 1 and "
+                                           r"finite seconds, got 2 and nan"):
+        Cluster([Device("a")], checkpoint_extras=(CheckpointExtra(0, 3, 2, float("nan")),))
+
+
 def _one_gpu(n: int, speedup: tuple[float, ...]) -> Cluster:
     return Cluster([Device(f"w{i}", physical="gpu") for i in range(n)],
                    device_sharing="concurrent", device_speedup=speedup)
