@@ -265,14 +265,16 @@ def add_run(sub: argparse._SubParsersAction) -> None:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     """Measure this machine's cluster for ``--stages`` CPU processes (links, the executor's
     overheads, host contention) and, with ``--idle-costs PROFILE``, what a wait costs each
-    stage of one balance (:func:`executor.in_place.idle_costs`), read against that profile;
-    write the Cluster JSON that ``simulate``, ``tune`` and ``run --cluster`` take."""
+    stage of one balance (:func:`executor.in_place.idle_costs`), read against that profile,
+    and what checkpointing adds to each stage's backward
+    (:func:`executor.in_place.checkpoint_extras`); write the Cluster JSON that
+    ``simulate``, ``tune`` and ``run --cluster`` take."""
     import functools
 
     import torch
 
     from executor.calibrate import calibrate_cpu
-    from executor.in_place import idle_costs
+    from executor.in_place import checkpoint_extras, idle_costs
     from executor.models import builtin_job
     from pipesim.balance import min_max_partition
     from pipesim.costs import with_profile_seconds
@@ -331,6 +333,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                               for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
             print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
                   f"seconds more after an idle of {extra} ms")
+        # and what checkpointing adds to each stage's backward, where no idle curve reads
+        # it in place (the last stage's)
+        extras = checkpoint_extras(job, balance, sizes, threads=args.threads,
+                                   pin_cores=args.pin)
+        cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras))
+        for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
+            print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
+                  + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
+                              for x in sorted(part, key=lambda x: x.micro_batch)))
         print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
     path = cluster.save(args.out)
     print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {path} "

@@ -162,6 +162,10 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     curve = cluster.idle_cost(0, 1, 2, False, "B")
     assert curve[0][0] == 0.0 and [p[0] for p in curve[1:]] == sorted({r.idle_s for r in rows})
     assert cluster.idle_cost(0, 2, 2, False, "B") == ()
+    # checkpointing's extra on every stage's backward, per size (read where no curve is)
+    assert "stage 1 B checkpointed, seconds more than plain" in text
+    assert sorted((x.first, x.stop, x.micro_batch) for x in cluster.checkpoint_extras) == [
+        (0, 1, 2), (0, 1, 4), (1, 4, 2), (1, 4, 4)]
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
                  "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
 
