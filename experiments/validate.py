@@ -168,6 +168,7 @@ def main() -> None:
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
+
     def keep_readings() -> None:
         """The readings so far, where the run's summary will hold them (replaced by it at
         the end): what `--repredict` (validation.predict_saved) needs of a cut run."""
