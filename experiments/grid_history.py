@@ -108,16 +108,15 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
         if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
-        if repredict and idle:
-            again = predict_saved(folder, tag, cluster_fields, idle={} if idle == "none" else
-                                  in_place_readings(folder, idle, "idle_costs", tag))
-            table["predicted_ms_now_no_idle" if idle == "none"
-                  else "predicted_ms_now_idle"] = again.predicted_ms_now
-        if repredict and extras:
-            again = predict_saved(folder, tag, cluster_fields, extras={} if extras == "none"
-                                  else in_place_readings(folder, extras, "checkpoint_extras", tag))
-            table["predicted_ms_now_no_extras" if extras == "none"
-                  else "predicted_ms_now_extras"] = again.predicted_ms_now
+        # the run's own in-place readings left out ("none") or a file's in their place
+        for option, source, what in (("idle", idle, "idle_costs"),
+                                     ("extras", extras, "checkpoint_extras")):
+            if repredict and source:
+                readings = ({} if source == "none"
+                            else in_place_readings(folder, source, what, tag))
+                again = predict_saved(folder, tag, cluster_fields, **{option: readings})
+                table[f"predicted_ms_now_no_{option}" if source == "none"
+                      else f"predicted_ms_now_{option}"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 

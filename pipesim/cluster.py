@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -275,18 +277,15 @@ class Cluster:
         """The measured slowdown (:class:`SpanSlowdown`) of layers ``[first, stop)`` at
         ``size`` samples: linear in log2(size) between measured sizes, the nearest one's
         beyond them; None where that span was not measured."""
-        points = sorted((x.micro_batch, x.slowdown) for x in self.host_slowdowns
-                        if x.first == first and x.stop == stop)
-        return _in_log2_size(points, size) if points else None
+        return _span_at(self.host_slowdowns, first, stop, size, lambda x: x.slowdown)
 
     def checkpoint_extra(self, first: int, stop: int, size: float) -> float | None:
         """Seconds checkpointing adds to the backward of layers ``[first, stop)`` at
         ``size`` samples (:class:`CheckpointExtra`, linear in log2(size) between measured
         sizes, the nearest one's beyond them; a reading below 0 is noise and reads 0);
         None where that span was not measured."""
-        points = sorted((x.micro_batch, max(x.seconds, 0.0)) for x in self.checkpoint_extras
-                        if x.first == first and x.stop == stop)
-        return _in_log2_size(points, size) if points else None
+        return _span_at(self.checkpoint_extras, first, stop, size,
+                        lambda x: max(x.seconds, 0.0))
 
     def idle_cost(self, first: int, stop: int, size: float, checkpointed: bool,
                   kind: str = "B") -> tuple[tuple[float, float], ...]:
@@ -402,6 +401,14 @@ class Cluster:
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_dict(data, source=str(path))
+
+
+def _span_at(rows: Sequence, first: int, stop: int, size: float,
+             value: Callable[[Any], float]) -> float | None:
+    """``value`` of the ``rows`` (with ``first``, ``stop``, ``micro_batch``) measured for
+    layers ``[first, stop)``, read at ``size`` (:func:`_in_log2_size`); None where none are."""
+    points = sorted((x.micro_batch, value(x)) for x in rows if x.first == first and x.stop == stop)
+    return _in_log2_size(points, size) if points else None
 
 
 def _in_log2_size(points: list[tuple[int, float]], size: float) -> float:
