@@ -237,7 +237,23 @@ def measure_gaps(iterations: int = 24, latency_s: float = 0.0, pin_cores: bool =
     actions = _run(job, plan, iterations, pin_cores)
     compute = actions[actions.kind.isin(["F", "B"])]
     return {**_gap_means(actions, latency_s),
-            "action_s": float((compute.end - compute.start).median())}
+            "action_s": float((compute.end - compute.start).median()),
+            "executor_gap_s": calibration_executor_gap(pin_cores, width, micro_batch)}
+
+
+def calibration_executor_gap(pin_cores: bool = False, width: int = 512,
+                             micro_batch: int = 8) -> float:
+    """The executor's own seconds around each action of the calibration pipeline
+    (:func:`measure_gaps`'), its stages in place (:func:`executor.in_place.stage_costs`,
+    mean of the two): how much of the gaps measured on it is the executor's Python, which
+    a stage measured in place replaces with its own
+    (:attr:`pipesim.cluster.Cluster.executor_gap_base_s`).  0.04 ms on this project's VM
+    (2026-11-26), against gaps of 0.15 ms."""
+    from executor.in_place import stage_costs
+
+    job, plan = _calibration_pipeline(width, micro_batch)
+    rows = stage_costs(job, plan.balance, [micro_batch], modes=("never",), pin_cores=pin_cores)
+    return statistics.fmean(r["between_s"] for r in rows)
 
 
 def _calibration_pipeline(width: int, micro_batch: int) -> tuple[Callable, Plan]:
@@ -309,7 +325,7 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     slots = _slots(threads_per_rank)
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
-                   wakeup_gap_s=over["wakeup_s"],
+                   wakeup_gap_s=over["wakeup_s"], executor_gap_base_s=over["executor_gap_s"],
                    host_contention=host_contention(n_devices, threads_per_rank,
                                                    pin_cores=pin_cores), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted

@@ -267,14 +267,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     overheads, host contention) and, with ``--idle-costs PROFILE``, what a wait costs each
     stage of one balance (:func:`executor.in_place.idle_costs`), read against that profile,
     and what checkpointing adds to each stage's backward
-    (:func:`executor.in_place.checkpoint_extras`); write the Cluster JSON that
+    (:func:`executor.in_place.checkpoint_extras`) and its own executor seconds between
+    actions (:class:`pipesim.cluster.ExecutorGap`); write the Cluster JSON that
     ``simulate``, ``tune`` and ``run --cluster`` take."""
     import functools
 
     import torch
 
-    from executor.calibrate import calibrate_cpu
-    from executor.in_place import checkpoint_extras, idle_costs
+    from executor.calibrate import calibrate_cpu, calibration_executor_gap
+    from executor.in_place import checkpoint_extras_of, executor_gaps_of, idle_costs, stage_costs
     from executor.models import builtin_job
     from pipesim.balance import min_max_partition
     from pipesim.costs import with_profile_seconds
@@ -334,14 +335,23 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
                   f"seconds more after an idle of {extra} ms")
         # and what checkpointing adds to each stage's backward, where no idle curve reads
-        # it in place (the last stage's)
-        extras = checkpoint_extras(job, balance, sizes, threads=args.threads,
-                                   pin_cores=args.pin)
-        cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras))
+        # it in place (the last stage's), and each stage's own executor seconds between
+        # actions: one in-place measurement of the stages
+        stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
+        extras = checkpoint_extras_of(stages)
+        # (read against the calibration pipeline's own, which calibrate_cpu measures)
+        base = cluster.executor_gap_base_s or calibration_executor_gap(pin_cores=args.pin)
+        cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras),
+                                      executor_gaps=tuple(executor_gaps_of(stages)),
+                                      executor_gap_base_s=base)
         for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
             print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
                   + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
                               for x in sorted(part, key=lambda x: x.micro_batch)))
+        print("  executor's own seconds around an action (calibration pipeline's "
+              f"{cluster.executor_gap_base_s * 1e3:.3f} ms): " + "  ".join(
+                  f"stage {firsts.index(x.first)} {x.micro_batch} samples "
+                  f"{x.seconds * 1e3:.3f} ms" for x in cluster.executor_gaps if not x.checkpointed))
         print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
     path = cluster.save(args.out)
     print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {path} "

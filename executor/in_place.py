@@ -47,11 +47,28 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import CheckpointExtra, IdleCost, SpanSlowdown
+from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
 from pipesim.plan import Plan
 
 
-class _Late(SynthTransport):
+class _Made(SynthTransport):
+    """A synthesised transport whose messages are copies of one random tensor per shape:
+    a copy costs what filling a posted receive buffer costs, where drawing random numbers
+    (SynthTransport's own) would take a large message's stage milliseconds between its
+    actions and read as the executor's (:class:`pipesim.cluster.ExecutorGap`)."""
+
+    def __init__(self, shapes, device: torch.device):
+        super().__init__(shapes, device)
+        self._made: dict[tuple[int, str, int], torch.Tensor] = {}
+
+    def _make(self, stage: int, kind: str, mb: int) -> torch.Tensor:
+        key = (stage, kind, mb)
+        if key not in self._made:
+            self._made[key] = super()._make(stage, kind, mb)
+        return self._made[key].clone()
+
+
+class _Late(_Made):
     """A synthesised transport whose messages of ``kind`` (``"F"``: the stage's input,
     ``"B"``: its output gradient) arrive ``idle_s`` seconds after the stage asks for them:
     the rank sleeps before that action, as a pipeline's rank blocks on a message that is
@@ -83,7 +100,9 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     seconds)`` the rank sleeps that long before the action ``kind``: ``"F"`` for its input
     (on a first stage, before the step), ``"B"`` for its output gradient, between the two
     (a last stage starts its backward from its own loss, never waiting).  The step returns
-    the seconds of its actions as the pipeline's recorder times them: ``{"F": .., "B": ..}``."""
+    the seconds of its actions as the pipeline's recorder times them, and the executor's
+    own seconds around each of them (:class:`pipesim.cluster.ExecutorGap`; 0 with an
+    idle): ``{"F": .., "B": .., "between": ..}``."""
     from executor.microbatch import scatter
     from executor.partition import split_module
     from executor.pipeline import stage_skips
@@ -103,18 +122,27 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     xs, ys = scatter(x[:size].clone(), plan), scatter(y[:size].clone(), plan)
     device = torch.device("cpu")
 
+    made = _Made(shapes, device)  # its copies made once, as the pipeline's buffers
+
     def step() -> dict[str, float]:
         recorder = Recorder(rank, device)
         kind, seconds = idle
-        transport = (_Late(shapes, device, kind, seconds) if seconds > 0
-                     else SynthTransport(shapes, device))
+        transport = made
+        if seconds > 0:
+            transport = _Late(shapes, device, kind, seconds)
+            transport._made = made._made
         if kind == "F" and rank == 0:  # its input is data: the wait comes before the step
             time.sleep(seconds)
         runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device, transport, recorder,
                              skips=skips)
+        began = time.perf_counter()
         runner.run(actions, xs, ys)
+        wall = time.perf_counter() - began
         # rows: (iteration, device, stage, mb, kind, start, end, ...)
-        return {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
+        out = {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
+        # the executor's own seconds around each action (no idle: none slept in them)
+        out["between"] = (wall - out["F"] - out["B"]) / 2 if seconds <= 0 else 0.0
+        return out
 
     return step
 
@@ -220,7 +248,7 @@ def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
         for _ in range(3):
             step()
     times: dict[tuple[str, int, tuple[str, float]], dict[str, list[float]]] = {
-        key: {"F": [], "B": []} for key in steps}
+        key: {"F": [], "B": [], "between": []} for key in steps}
     for _ in range(rounds):
         for key, step in steps.items():
             # one rank at a time, the others waiting; or all at once
@@ -239,7 +267,8 @@ def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
                         times[key][kind].append(seconds)
                     if time.perf_counter() >= end:
                         break
-    out.put((rank, {key: (statistics.median(t["F"]), statistics.median(t["B"]))
+    out.put((rank, {key: (statistics.median(t["F"]), statistics.median(t["B"]),
+                          statistics.median(t["between"]))
                     for key, t in times.items()}))
 
 
@@ -255,17 +284,19 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
 
     The same processes and steps as :func:`stage_contention` (``job``, ``balance``,
     ``threads``, ``pin_cores`` alike); rows ``{"first", "stop", "micro_batch",
-    "checkpointed", "fwd_s", "bwd_s"}``.  What a profile adds up layer by layer, measured
-    on the stage whole: the executor's per-action work, the stage's own cache footprint,
-    torch.utils.checkpoint entered once.  Seconds spent: about ``rounds * len(modes) *
-    len(sizes) * len(balance) * phase_s`` plus start-up.
+    "checkpointed", "fwd_s", "bwd_s", "between_s"}``, the last the executor's own
+    seconds around each action (:class:`pipesim.cluster.ExecutorGap`).  What a profile
+    adds up layer by layer, measured on the stage whole: the executor's per-action work,
+    the stage's own cache footprint, torch.utils.checkpoint entered once.  Seconds spent:
+    about ``rounds * len(modes) * len(sizes) * len(balance) * phase_s`` plus start-up.
     """
     out = []
     for (first, stop, _), results in _alone(job, balance, sizes, modes, (HOT,), rounds,
                                                phase_s, threads, pin_cores, "stage costs"):
-        for (mode, b, _), (fwd, bwd) in sorted(results.items()):
+        for (mode, b, _), (fwd, bwd, between) in sorted(results.items()):
             out.append({"first": first, "stop": stop, "micro_batch": int(b),
-                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd})
+                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd,
+                        "between_s": between})
     return out
 
 
@@ -278,13 +309,24 @@ def checkpoint_extras(job: Callable, balance: Sequence[int], sizes: Sequence[int
     simulator charges it where a checkpointed backward has no idle cost to read
     (:attr:`pipesim.cluster.Cluster.checkpoint_extras`).  MLP's last stage
     (2026-11-26): 1.54-2.17x the plain backward in place, 1.56-1.64x by the profile."""
-    rows = stage_costs(job, balance, sizes, rounds=rounds, threads=threads,
-                       pin_cores=pin_cores)
+    return checkpoint_extras_of(stage_costs(job, balance, sizes, rounds=rounds,
+                                            threads=threads, pin_cores=pin_cores))
+
+
+def checkpoint_extras_of(rows: Sequence[dict]) -> list[CheckpointExtra]:
+    """:func:`checkpoint_extras` from :func:`stage_costs`' rows (both modes)."""
     plain = {(r["first"], r["stop"], r["micro_batch"]): r["bwd_s"]
              for r in rows if not r["checkpointed"]}
     return [CheckpointExtra(r["first"], r["stop"], r["micro_batch"],
                             r["bwd_s"] - plain[(r["first"], r["stop"], r["micro_batch"])])
             for r in rows if r["checkpointed"]]
+
+
+def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
+    """The executor's own seconds around each action, per stage, size and checkpoint mode
+    (:class:`pipesim.cluster.ExecutorGap`), from :func:`stage_costs`' rows."""
+    return [ExecutorGap(r["first"], r["stop"], r["micro_batch"], r["checkpointed"],
+                        max(r["between_s"], 0.0)) for r in rows]
 
 
 def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: Sequence[str],
@@ -376,4 +418,5 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     return out
 
 
-__all__ = ["checkpoint_extras", "idle_costs", "stage_contention", "stage_costs"]
+__all__ = ["checkpoint_extras", "checkpoint_extras_of", "executor_gaps_of", "idle_costs",
+           "stage_contention", "stage_costs"]

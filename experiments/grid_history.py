@@ -22,7 +22,8 @@ pooled times (median over runs).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
-                                       [--idle none|FILE] [--extras none|FILE]]
+                                       [--idle none|FILE] [--extras none|FILE]
+                                       [--gaps none|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
 """
 
@@ -82,7 +83,7 @@ def _git_show(commit: str, path: str) -> bytes:
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
               slowdowns: str = "", costs: str = "", idle: str = "",
-              extras: str = "") -> pd.DataFrame:
+              extras: str = "", gaps: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
@@ -95,7 +96,11 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     idle costs each run measured (``predicted_ms_now`` has them), or
     ``predicted_ms_now_idle``, with the file's in their place); ``extras`` likewise for
     the checkpoint's extras measured in place (``predicted_ms_now_no_extras``, or
-    ``predicted_ms_now_extras`` from a JSON file ``{"checkpoint_extras": {model: rows}}``)."""
+    ``predicted_ms_now_extras`` from a JSON file ``{"checkpoint_extras": {model: rows}}``);
+    ``gaps`` likewise for the executor's own seconds between actions measured in place
+    (``predicted_ms_now_no_gaps``, or ``predicted_ms_now_gaps`` from a JSON file
+    ``{"executor_gaps": {model: rows}, "executor_gap_base_s": seconds}``,
+    ``experiments/in_place_costs.py``)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     tables = []
     for folder in folders:
@@ -110,11 +115,16 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         # the run's own in-place readings left out ("none") or a file's in their place
         for option, source, what in (("idle", idle, "idle_costs"),
-                                     ("extras", extras, "checkpoint_extras")):
+                                     ("extras", extras, "checkpoint_extras"),
+                                     ("gaps", gaps, "executor_gaps")):
             if repredict and source:
                 readings = ({} if source == "none"
                             else in_place_readings(folder, source, what, tag))
-                again = predict_saved(folder, tag, cluster_fields, **{option: readings})
+                # a file's gaps come with the calibration pipeline's figure of that hour
+                base = ({"gap_base_s": float(json.loads(Path(source).read_text())
+                                             ["executor_gap_base_s"])}
+                        if option == "gaps" and source not in ("none", "run") else {})
+                again = predict_saved(folder, tag, cluster_fields, **{option: readings}, **base)
                 table[f"predicted_ms_now_no_{option}" if source == "none"
                       else f"predicted_ms_now_{option}"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
@@ -211,9 +221,13 @@ def main() -> None:
                     help="with --repredict: also predict without the checkpoint extras each "
                     "run measured ('none': predicted_ms_now_no_extras), or with a file of "
                     "them in their place (predicted_ms_now_extras)")
+    ap.add_argument("--gaps", default="", metavar="none|FILE",
+                    help="with --repredict: also predict without the executor gaps each run "
+                    "measured ('none': predicted_ms_now_no_gaps), or with a file of them and "
+                    "their base in their place (predicted_ms_now_gaps; in_place_costs.py)")
     args = ap.parse_args()
-    if (args.slowdowns or args.costs or args.idle or args.extras) and not args.repredict:
-        ap.error("--slowdowns, --costs, --idle and --extras need --repredict")
+    if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps) and not args.repredict:
+        ap.error("--slowdowns, --costs, --idle, --extras and --gaps need --repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -228,7 +242,7 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
-                         args.costs, args.idle, args.extras)
+                         args.costs, args.idle, args.extras, args.gaps)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

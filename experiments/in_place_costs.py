@@ -23,13 +23,19 @@ on other hours' runs)::
     python experiments/grid_history.py --git 7 --repredict \\
         --costs experiments/results/in_place_costs.json
 
+It also writes the executor's own seconds around each action (the rows' ``between_s``,
+:class:`pipesim.cluster.ExecutorGap`) with the calibration pipeline's figure of the same
+hour, which ``grid_history.py --repredict --gaps FILE`` lends to the runs.
+
 Writes experiments/results/in_place_costs.csv (one row per model, stage, size and mode)
-and .json (``costs``: model -> the rows).
+and .json (``costs``: model -> the rows; ``executor_gaps``: model -> ExecutorGap rows;
+``executor_gap_base_s``).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import sys
 import time
@@ -39,7 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from executor.in_place import stage_costs
+from executor.calibrate import calibration_executor_gap
+from executor.in_place import executor_gaps_of, stage_costs
 from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
@@ -105,9 +112,17 @@ def main() -> None:
                        if k in ("first", "stop", "micro_batch", "checkpointed", "fwd_s", "bwd_s")}
                       for r in part.to_dict("records")]
              for m, part in table.groupby("model")}
+    # the executor's own seconds around each action (pipesim.cluster.ExecutorGap), and the
+    # calibration pipeline's, which its gaps hold already: what grid_history --gaps lends
+    base = calibration_executor_gap(pin_cores=True)
+    gaps = {str(m): [dataclasses.asdict(x) for x in executor_gaps_of(part.to_dict("records"))]
+            for m, part in table.groupby("model")}
+    print("executor's own seconds around an action (median over stages and sizes): " + ", ".join(
+        f"{m} {1e3 * part.between_s.median():.3f} ms" for m, part in table.groupby("model"))
+          + f"; the calibration pipeline's {1e3 * base:.3f} ms")
     path = write_results("in_place_costs", table,
                          {**machine(), "grid": str(args.grid), "rounds": args.rounds,
-                          "costs": costs})
+                          "costs": costs, "executor_gaps": gaps, "executor_gap_base_s": base})
     print(f"wrote {path}")
 
 

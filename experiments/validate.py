@@ -25,6 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,7 +38,13 @@ import torch
 
 from executor.calibrate import calibrate_cpu, host_contention, measure_overhead
 from executor.distributed import spawn_plans
-from executor.in_place import checkpoint_extras, idle_costs, stage_contention
+from executor.in_place import (
+    checkpoint_extras_of,
+    executor_gaps_of,
+    idle_costs,
+    stage_contention,
+    stage_costs,
+)
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
@@ -60,10 +67,13 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import CheckpointExtra
+from pipesim.cluster import CheckpointExtra, ExecutorGap
 from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
+
+#: rows measured in place that validate.py brackets: a reading before and after each grid
+Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap)
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -119,6 +129,10 @@ def main() -> None:
                     help="measure what checkpointing adds to each stage's backward in place "
                     "and predict with it (pipesim.cluster.CheckpointExtra; ablation "
                     "no_checkpoint_extras)")
+    ap.add_argument("--executor-gaps", action=argparse.BooleanOptionalAction, default=True,
+                    help="measure each stage's own executor seconds between actions in place "
+                    "and predict with them (pipesim.cluster.ExecutorGap; ablation "
+                    "no_executor_gaps)")
     ap.add_argument("--idle-at-once", action="store_true",
                     help="measure the idle costs on every rank at the same time (a core per "
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
@@ -152,7 +166,9 @@ def main() -> None:
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
     # the gaps likewise (seconds: between ready actions, after a wake-up, one for all): one
     # reading is one moment's, and a loaded moment reads them 4x (2026-11-24)
-    gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"])]
+    # and the executor's part of them (the calibration pipeline's stages in place)
+    gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"],
+             overheads["executor_gap_s"])]
     # and the in-action overhead (seconds): ten grids' calibrations read 0.0-0.20 ms, most
     # 0.035-0.065 (2026-11-24), and 0.17 ms charged on every action of a 100-action step
     in_action = [cluster.compute_overhead_s]
@@ -164,6 +180,7 @@ def main() -> None:
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
     checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
+    executor_rows: dict[str, list[dict]] = {}  # model -> ExecutorGap rows
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
@@ -174,7 +191,7 @@ def main() -> None:
         the end): what `--repredict` (validation.predict_saved) needs of a cut run."""
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
-                   "checkpoint_extras": checkpoint_rows,
+                   "checkpoint_extras": checkpoint_rows, "executor_gaps": executor_rows,
                    "profile_drift_pct": drifts, "cut_short": True}
         (results / f"validation_{tag}.json").write_text(json.dumps(
             {**machine(), "summary": partial, "batch": BATCH, "stages": args.stages},
@@ -225,12 +242,18 @@ def main() -> None:
         # the default): charged where a checkpointed backward has no idle cost to read;
         # measured again after the grid and predicted with the mean, as the profile (two
         # readings 40 minutes apart put MLP's last stage's 0.95-1.78 ms against 0.64-1.2)
-        def measure_extras(job=job, balances=balances, sizes=sizes_of_plans):
-            return ([row for balance in balances for row in checkpoint_extras(
-                        job, balance, sizes, threads=args.threads, pin_cores=args.pin)]
-                    if args.checkpoint_extras else [])
+        # and, from the same steps, each stage's own executor seconds between actions
+        # (--executor-gaps, the default), bracketed alike
+        def measure_stages(job=job, balances=balances, sizes=sizes_of_plans
+                           ) -> tuple[list[CheckpointExtra], list[ExecutorGap]]:
+            if not (args.checkpoint_extras or args.executor_gaps):
+                return [], []
+            rows = [row for balance in balances for row in stage_costs(
+                job, balance, sizes, threads=args.threads, pin_cores=args.pin)]
+            return (checkpoint_extras_of(rows) if args.checkpoint_extras else [],
+                    executor_gaps_of(rows) if args.executor_gaps else [])
 
-        extras_before = measure_extras()
+        stages_before = measure_stages()
 
         # (from the predicted iteration time: once per plan, for every pass)
         counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
@@ -262,8 +285,11 @@ def main() -> None:
         waits = [row for balance, rows in waited.items()
                  for row in with_profile_seconds(rows, prof, cluster, balance)]
         idle[name] = [dataclasses.asdict(row) for row in waits]
-        extras = mean_extras(extras_before, measure_extras())
+        stages_after = measure_stages()
+        extras = mean_readings(stages_before[0], stages_after[0])
+        executor = mean_readings(stages_before[1], stages_after[1])
         checkpoint_rows[name] = [dataclasses.asdict(row) for row in extras]
+        executor_rows[name] = [dataclasses.asdict(row) for row in executor]
         keep_readings()
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
@@ -271,15 +297,18 @@ def main() -> None:
         sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
                                          pin_cores=args.pin))
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
-        gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"]))
+        gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"],
+                     again["executor_gap_s"]))
         in_action.append(again["in_action_s"])
         keep_readings()
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
-            idle_costs=tuple(waits), checkpoint_extras=tuple(extras))
+            idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
+            executor_gaps=tuple(executor))
         unbracketed = dataclasses.replace(
             bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1]),
-            idle_costs=tuple(waits), checkpoint_extras=tuple(extras))
+            idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
+            executor_gaps=tuple(executor))
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
@@ -294,6 +323,8 @@ def main() -> None:
                         if waits else {}),
                      **({"no_checkpoint_extras": (prof, dataclasses.replace(
                          model_cluster, checkpoint_extras=()))} if extras else {}),
+                     **({"no_executor_gaps": (prof, dataclasses.replace(
+                         model_cluster, executor_gaps=()))} if executor else {}),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
@@ -332,13 +363,15 @@ def main() -> None:
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
-    summary["gap_readings"] = gaps  # (between ready actions, wake-up, one for all) seconds
+    # (between ready actions, wake-up, one for all, the executor's part) seconds
+    summary["gap_readings"] = gaps
     summary["in_action_readings"] = in_action  # seconds
     summary["host_contention_sustained_readings"] = sustained
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
     summary["idle_costs"] = idle
     summary["checkpoint_extras"] = checkpoint_rows
+    summary["executor_gaps"] = executor_rows
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
@@ -358,13 +391,15 @@ def main() -> None:
     print(f"wrote {path}")
 
 
-def mean_extras(*readings: list[CheckpointExtra]) -> list[CheckpointExtra]:
-    """Each span and size's checkpoint extra, the mean of the readings that have it."""
-    seconds: dict[tuple[int, int, int], list[float]] = {}
+def mean_readings(*readings: list[Reading]) -> list[Reading]:
+    """Each row's ``seconds`` the mean of the readings that have its key (every other
+    field: span, size, mode), for rows such as CheckpointExtra and ExecutorGap."""
+    seconds: dict[Reading, list[float]] = {}
     for reading in readings:
         for x in reading:
-            seconds.setdefault((x.first, x.stop, x.micro_batch), []).append(x.seconds)
-    return [CheckpointExtra(*key, sum(v) / len(v)) for key, v in sorted(seconds.items())]
+            seconds.setdefault(dataclasses.replace(x, seconds=0.0), []).append(x.seconds)
+    return [dataclasses.replace(key, seconds=sum(v) / len(v))
+            for key, v in sorted(seconds.items(), key=lambda kv: dataclasses.astuple(kv[0]))]
 
 
 def repredict(results: Path, tag: str) -> None:

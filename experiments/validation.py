@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import CheckpointExtra, Cluster, IdleCost
+from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
 from pipesim.compare import compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
@@ -199,17 +199,22 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
               gaps: Sequence[Sequence[float | None]],
               in_action: Sequence[float] = ()) -> Cluster:
     """``cluster`` with the means of the readings around a model's grid: its host
-    contention, its gaps (``(action_gap_s, wakeup_gap_s, ...)`` per reading; a reading
-    without a wake-up gap leaves one gap for both) and, where given, its in-action
-    overhead (``compute_overhead_s``)."""
+    contention, its gaps (``(action_gap_s, wakeup_gap_s, one for all,
+    executor_gap_base_s)`` per reading, the last from 2026-11-26 on; a reading without a
+    wake-up gap leaves one gap for both) and, where given, its in-action overhead
+    (``compute_overhead_s``)."""
     wakeups = [g[1] for g in gaps]
     overhead = sum(in_action) / len(in_action) if in_action else cluster.compute_overhead_s
+    # the executor's part of those gaps, where every reading has it (from 2026-11-26)
+    bases = [float(g[3]) for g in gaps if len(g) > 3 and g[3] is not None]
     return dataclasses.replace(
         cluster, host_contention=sum(contention) / len(contention),
         compute_overhead_s=overhead,
         action_gap_s=sum(float(g[0] or 0.0) for g in gaps) / len(gaps),
         wakeup_gap_s=(None if any(w is None for w in wakeups)
-                      else sum(float(w or 0.0) for w in wakeups) / len(wakeups)))
+                      else sum(float(w or 0.0) for w in wakeups) / len(wakeups)),
+        executor_gap_base_s=(sum(bases) / len(bases) if bases and len(bases) == len(gaps)
+                             else cluster.executor_gap_base_s))
 
 
 def predict_saved(folder: Path, tag: str = "cpu",
@@ -217,7 +222,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
                   slowdowns: dict[str, list] | None = None,
                   costs: dict[str, list] | None = None,
                   idle: dict[str, list] | None = None,
-                  extras: dict[str, list] | None = None) -> pd.DataFrame:
+                  extras: dict[str, list] | None = None,
+                  gaps: dict[str, list] | None = None,
+                  gap_base_s: float | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -237,7 +244,10 @@ def predict_saved(folder: Path, tag: str = "cpu",
     today's ``validate.py`` predicts with them (none in runs before 2026-11-25 evening);
     ``{}`` none; ``extras`` likewise the checkpoint's extras measured in place
     (:class:`pipesim.cluster.CheckpointExtra`, :func:`executor.in_place.checkpoint_extras`;
-    none in runs before 2026-11-26 05:00)."""
+    none in runs before 2026-11-26 05:00); ``gaps`` likewise the executor's own seconds
+    between actions measured in place (:class:`pipesim.cluster.ExecutorGap`; none before
+    2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
+    default the run's readings; a run without them predicts without the gaps)."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -252,6 +262,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
         idle = summary.get(IN_PLACE_KEYS["idle_costs"], {})
     if extras is None:
         extras = summary.get(IN_PLACE_KEYS["checkpoint_extras"], {})
+    if gaps is None:
+        gaps = summary.get(IN_PLACE_KEYS["executor_gaps"], {})
 
     def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
         """The readings before and after model i's grid, where the run took them."""
@@ -268,6 +280,12 @@ def predict_saved(folder: Path, tag: str = "cpu",
                              for x in idle.get(m, ())),
             checkpoint_extras=tuple(CheckpointExtra(**x) if isinstance(x, dict) else x
                                     for x in extras.get(m, ())), **(cluster_fields or {}))
+        base = gap_base_s if gap_base_s is not None else clusters[m].executor_gap_base_s
+        if base > 0:
+            clusters[m] = dataclasses.replace(
+                clusters[m], executor_gap_base_s=base,
+                executor_gaps=tuple(ExecutorGap(**x) if isinstance(x, dict) else x
+                                    for x in gaps.get(m, ())))
     batch = int(meta.get("batch", 32))
     now = []
     for r in table.itertuples():
@@ -303,7 +321,7 @@ def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str,
 #: and in its own file: host slowdowns (experiments/in_place_contention.py), idle costs
 #: (experiments/idle_costs.py)
 IN_PLACE_KEYS = {"slowdowns": "in_place_slowdowns", "idle_costs": "idle_costs",
-                 "checkpoint_extras": "checkpoint_extras"}
+                 "checkpoint_extras": "checkpoint_extras", "executor_gaps": "executor_gaps"}
 
 
 def in_place_readings(folder: Path, source: str, what: str, tag: str = "cpu") -> dict[str, list]:

@@ -141,6 +141,29 @@ class CheckpointExtra:
     seconds: float
 
 
+@dataclass(frozen=True)
+class ExecutorGap:
+    """The executor's own seconds around each action of layers ``[first, stop)`` at
+    ``micro_batch`` samples (checkpointed or not), measured in place: the stage alone on
+    its rank's cores running its actions through the executor's code path, its messages
+    synthesised, its step's time less its actions' (:func:`executor.in_place.stage_costs`)::
+
+        step    |..|=== F ===|..|====== B ======|..|      seconds = (the dots) / 2
+
+    It is Python between a recorder's stop and the next start -- storing the stash,
+    handing over the output, freeing the graph and the saved tensors, posting receives,
+    wrapping the next forward -- and it grows with the stage and its size: on this
+    project's VM 0.04 ms an action for the calibration pipeline's MLP, 0.06-0.07 for the
+    grid's MLP, 0.08-0.2 for GPT, 0.07-0.22 for U-Net (2026-11-26).  No send is in it:
+    the calibrated gaps have the transport's part."""
+
+    first: int
+    stop: int
+    micro_batch: int
+    checkpointed: bool
+    seconds: float
+
+
 @dataclass
 class Cluster:
     """Workers, links and overheads (seconds, bytes, bytes/second)."""
@@ -187,6 +210,17 @@ class Cluster:
     #: checkpoint costs; one with an idle cost is read in place already.  Empty: the
     #: profile's
     checkpoint_extras: tuple[CheckpointExtra, ...] = ()
+    #: the executor's own seconds around each action of a stage, measured in place
+    #: (:class:`ExecutorGap`), and the same figure for the pipeline ``action_gap_s`` and
+    #: ``wakeup_gap_s`` were calibrated on, whose gaps hold it already
+    #: (``executor_gap_base_s``): an action of a span with rows whose input was there
+    #: pauses ``action_gap_s`` plus the difference (:meth:`executor_gap`; a worker that
+    #: blocked on its input did that work before it blocked: its ``wakeup_gap_s`` stays).
+    #: The calibrated gaps come from a small MLP; a stage freeing a larger graph or
+    #: touching more memory spends longer between its actions.  Empty: the calibrated
+    #: gaps for every action
+    executor_gaps: tuple[ExecutorGap, ...] = ()
+    executor_gap_base_s: float = 0.0
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
     #: limit
@@ -254,6 +288,18 @@ class Cluster:
                 raise ClusterError(f"checkpoint extra of layers [{extra.first}, {extra.stop}) "
                                    f"needs a micro-batch >= 1 and finite seconds, got "
                                    f"{extra.micro_batch} and {extra.seconds}")
+        self.executor_gaps = tuple(x if isinstance(x, ExecutorGap) else ExecutorGap(**x)
+                                   for x in self.executor_gaps)
+        for row in self.executor_gaps:
+            if not math.isfinite(row.seconds) or row.seconds < 0 or row.micro_batch < 1:
+                raise ClusterError(f"executor gap of layers [{row.first}, {row.stop}) needs a "
+                                   f"micro-batch >= 1 and seconds >= 0, got "
+                                   f"{row.micro_batch} and {row.seconds}")
+        if self.executor_gaps and not self.executor_gap_base_s > 0:
+            raise ClusterError("executor_gaps need executor_gap_base_s, the same figure for "
+                               "the calibration pipeline (> 0), got "
+                               f"{self.executor_gap_base_s}: the calibrated gaps hold that much "
+                               "of it already")
         if not self.link.bandwidth_Bps > 0:
             raise ClusterError(f"link bandwidth must be positive, got {self.link.bandwidth_Bps}")
 
@@ -286,6 +332,19 @@ class Cluster:
         None where that span was not measured."""
         return _span_at(self.checkpoint_extras, first, stop, size,
                         lambda x: max(x.seconds, 0.0))
+
+    def executor_gap(self, first: int, stop: int, size: float, checkpointed: bool) -> float:
+        """Seconds an action of layers ``[first, stop)`` at ``size`` samples pauses beyond
+        the calibrated gap (below 0: less): its span's :class:`ExecutorGap` (that
+        checkpoint mode's rows, else the other mode's; linear in log2(size) between
+        measured sizes, the nearest one's beyond them) less ``executor_gap_base_s``; 0
+        where the span was not measured."""
+        rows = [x for x in self.executor_gaps if x.checkpointed == checkpointed]
+        seconds = (_span_at(rows, first, stop, size, lambda x: x.seconds)
+                   if rows else None)
+        if seconds is None:
+            seconds = _span_at(self.executor_gaps, first, stop, size, lambda x: x.seconds)
+        return 0.0 if seconds is None else seconds - self.executor_gap_base_s
 
     def idle_cost(self, first: int, stop: int, size: float, checkpointed: bool,
                   kind: str = "B") -> tuple[tuple[float, float], ...]:
@@ -379,6 +438,9 @@ class Cluster:
                        idle_costs=tuple(IdleCost(**x) for x in d.get("idle_costs", ())),
                        checkpoint_extras=tuple(CheckpointExtra(**x)
                                                for x in d.get("checkpoint_extras", ())),
+                       executor_gaps=tuple(ExecutorGap(**x)
+                                           for x in d.get("executor_gaps", ())),
+                       executor_gap_base_s=float(d.get("executor_gap_base_s", 0.0)),
                        host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),

@@ -17,7 +17,14 @@ moves to its next action only once its bytes are written::
 Time of an action: profile seconds at the micro-batch's real size, plus the cluster's
 per-action overhead; a checkpointed backward also re-runs the forward.  An action starts
 the cluster's ``action_gap_s`` after its worker reaches it if its input is there, else
-``wakeup_gap_s`` after the input arrives (a blocked thread woken).  Where the cluster has
+``wakeup_gap_s`` after the input arrives (a blocked thread woken).  Where the cluster
+measured its stage's own executor work between actions in place, a ready action's gap
+is that much longer than the calibration pipeline's (less: shorter;
+:meth:`pipesim.cluster.Cluster.executor_gap`); a blocked worker did that work before it
+blocked, so its wake-up gap stays::
+
+    ready     prev |==|..gap + (stage's - calibration's)..|== F ==|
+    blocked   prev |==|work|  ...waits...  ^input .wakeup.|== F ==|  Where the cluster has
 measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
 backward also pays what its worker's wait since its last action cost it (read off the
 measured curve at that idle).  Optional jitter
@@ -269,8 +276,10 @@ class _Run:
                 elif slot.__class__ is float and slot > env.now:
                     yield timeout(slot - env.now)
                     blocked = True
-            pause = wakeup if blocked else gap
-            if pause:
+            # (its stage's own executor work, measured in place, where its input was there:
+            # a worker that blocked on its input did that work before it blocked)
+            pause = wakeup if blocked else gap + step.gap_s
+            if pause > 0:
                 yield timeout(pause)
             if resource is not None:
                 req = resource.request()

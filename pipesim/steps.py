@@ -69,6 +69,10 @@ class Step(NamedTuple):
     #: before it (the last point's beyond); empty: nothing (:meth:`StepBuilder.idle_curve`;
     #: a forward or a full backward)
     idle_curve: tuple[tuple[float, float], ...] = ()
+    #: seconds it pauses beyond the cluster's calibrated gap before it starts, where its
+    #: input was there when its worker reached it (below 0: less): its stage's executor
+    #: work between actions, measured in place (:meth:`pipesim.cluster.Cluster.executor_gap`)
+    gap_s: float = 0.0
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -151,6 +155,10 @@ class StepBuilder:
         device = self.resource_of[w]
         # (a measured duration has its contention in it already)
         slow = 1.0 if measured is not None else self.host_slowdown(w, s, mb)
+        # (a pause, not a duration: a measured duration leaves it to be simulated)
+        layers = self.plan.stage_layers(s)
+        gap = self.cluster.executor_gap(layers.start, layers.stop,
+                                        self.plan.micro_batch_sizes[mb], self.plan.checkpointed(mb))
         if kind == FORWARD:
             plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
             seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
@@ -165,7 +173,8 @@ class StepBuilder:
                          recv_bytes=recv,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
                          interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
-                         idle_curve=self.idle_curve(s, mb, FORWARD) if measured is None else ())
+                         idle_curve=self.idle_curve(s, mb, FORWARD) if measured is None else (),
+                         gap_s=gap)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -211,7 +220,7 @@ class StepBuilder:
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
                          interpreter_slowdown=c.interpreter_bwd_slowdown,
-                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow)
+                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow, gap_s=gap)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -229,7 +238,6 @@ class StepBuilder:
             # checkpointing's cost measured in place, where the action has no idle curve
             # (which would read it in place already): the plain backward and that extra,
             # the recomputation its profiled share of the extra
-            layers = self.plan.stage_layers(s)
             extra = self.cluster.checkpoint_extra(layers.start, layers.stop,
                                                   self.plan.micro_batch_sizes[mb])
             if extra is not None:
@@ -263,7 +271,7 @@ class StepBuilder:
                      recompute_bytes=c.recompute_bytes - in_place,
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
-                     host_slowdown=slow, idle_curve=idle)
+                     host_slowdown=slow, idle_curve=idle, gap_s=gap)
 
     def idle_curve(self, stage: int, mb: int, kind: str) -> tuple[tuple[float, float], ...]:
         """What ``stage``'s ``kind`` action at micro-batch ``mb`` costs more (less: below 0)

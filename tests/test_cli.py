@@ -166,6 +166,12 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     assert "stage 1 B checkpointed, seconds more than plain" in text
     assert sorted((x.first, x.stop, x.micro_batch) for x in cluster.checkpoint_extras) == [
         (0, 1, 2), (0, 1, 4), (1, 4, 2), (1, 4, 4)]
+    # and each stage's own executor seconds between actions, beside the calibration
+    # pipeline's figure they are read against
+    assert "executor's own seconds around an action" in text
+    assert cluster.executor_gap_base_s > 0
+    assert sorted((x.first, x.micro_batch, x.checkpointed) for x in cluster.executor_gaps) == [
+        (f, b, c) for f in (0, 1) for b in (2, 4) for c in (False, True)]
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
                  "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
 

@@ -609,6 +609,8 @@ def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_m
         (0, 1, 2, False), (0, 1, 2, True), (0, 1, 8, False), (0, 1, 8, True),
         (1, 4, 2, False), (1, 4, 2, True), (1, 4, 8, False), (1, 4, 8, True)]
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
+    # and the executor's own seconds around each action: some, far less than the step's
+    assert all(0.0 < r["between_s"] < r["fwd_s"] + r["bwd_s"] + 0.01 for r in rows)
     # a plan's actions take those seconds: its stage, its micro-batch's size, its mode
     plan = Plan([1, 3], 4, 8, checkpoint="except_last")  # 4 micro-batches of 2 samples
     durations = in_place_durations(plan, rows)
@@ -636,6 +638,24 @@ def test_checkpoint_extras_are_each_stages_checkpointed_backward_less_its_plain_
     # a backward that recomputes its forward first: dearer than the plain one, by less
     # than the whole step (a forward is cheaper than a backward here)
     assert all(0.0 < x.seconds < 0.1 for x in extras)
+
+
+def test_executor_gaps_are_the_executors_seconds_around_each_action_in_place():
+    from executor.calibrate import calibration_executor_gap
+    from executor.in_place import executor_gaps_of
+
+    rows = [{"first": 0, "stop": 1, "micro_batch": 2, "checkpointed": False, "fwd_s": 1e-3,
+             "bwd_s": 2e-3, "between_s": 5e-5},
+            {"first": 1, "stop": 4, "micro_batch": 2, "checkpointed": True, "fwd_s": 1e-3,
+             "bwd_s": 2e-3, "between_s": -1e-6}]
+    gaps = executor_gaps_of(rows)
+    assert [(g.first, g.stop, g.micro_batch, g.checkpointed) for g in gaps] == [
+        (0, 1, 2, False), (1, 4, 2, True)]
+    assert [g.seconds for g in gaps] == [5e-5, 0.0]  # a reading below 0 is noise
+    # the calibration pipeline's own, measured the same way: tens of microseconds here,
+    # well under a millisecond anywhere
+    base = calibration_executor_gap(width=64, micro_batch=2)
+    assert 0.0 < base < 1e-3
 
 
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():

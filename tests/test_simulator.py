@@ -465,6 +465,69 @@ def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(
         Cluster([Device("a")], checkpoint_extras=(CheckpointExtra(0, 3, 2, float("nan")),))
 
 
+def test_an_action_pauses_its_stages_executor_gap_beyond_the_calibration_pipelines():
+    from pipesim.cluster import ExecutorGap
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
+    two = [Device("a"), Device("b")]
+    base = Cluster(two, action_gap_s=0.25, wakeup_gap_s=0.5)
+
+    def starts(cluster: Cluster, **kw) -> dict[tuple[int, str, int], float]:
+        a = simulate(prof, plan, cluster, **kw).actions.query("kind in ('F', 'B')")
+        return {(r.stage, r.kind, r.microbatch): r.start for r in a.itertuples()}
+
+    # the calibration pipeline's executor spends 0.1 s around an action, stage 1's 0.6 s:
+    # each of stage 1's actions pauses 0.5 s more than the calibrated gap, stage 0's none
+    # (its span unmeasured)
+    gaps = Cluster(two, action_gap_s=0.25, wakeup_gap_s=0.5, executor_gap_base_s=0.1,
+                   executor_gaps=(ExecutorGap(1, 2, 1, False, 0.6),))
+    before, after = starts(base), starts(gaps)
+    #   stage 0   .25 |== F0 ==| .25 |== F1 ==|
+    #   stage 1         F0 arrives at 1.25 |.5|== F0 ==|.25 + .5|== F1 ==|
+    # stage 1 blocked on F0: woken 0.5 after its arrival, as calibrated (the executor's
+    # work after its previous action was done before it blocked)
+    assert before[(1, "F", 0)] == after[(1, "F", 0)] == pytest.approx(1.75)
+    assert after[(0, "F", 1)] == pytest.approx(before[(0, "F", 1)])
+    # F1 there when stage 1 reaches it (F0 ends at 2.75): its gap 0.25 and 0.5 more
+    assert before[(1, "F", 1)] == pytest.approx(3.0)
+    assert after[(1, "F", 1)] == pytest.approx(3.5)
+    # a replay of measured durations pauses it too: it is time between actions
+    durations = {(s, k, m): 1.0 for s in (0, 1) for k in ("F", "B") for m in (0, 1)}
+    assert starts(gaps, durations=durations)[(1, "F", 1)] == pytest.approx(3.5)
+    # where the stage's executor is quicker than the calibration pipeline's, less; never
+    # below no pause at all
+    quick = dataclasses.replace(gaps, executor_gaps=(ExecutorGap(1, 2, 1, False, 0.0),))
+    assert starts(quick)[(1, "F", 1)] == pytest.approx(2.75 + 0.15)
+    none = dataclasses.replace(gaps, executor_gap_base_s=10.0)
+    assert starts(none)[(1, "F", 1)] == pytest.approx(2.75)
+
+
+def test_executor_gaps_read_their_mode_in_log_size_less_the_base_are_validated_and_round_trip(
+        tmp_path):
+    from pipesim.cluster import ExecutorGap
+    from pipesim.errors import ClusterError
+
+    two = [Device("a"), Device("b")]
+    c = Cluster(two, executor_gap_base_s=1e-4, executor_gaps=(
+        ExecutorGap(0, 3, 2, False, 2e-4), ExecutorGap(0, 3, 8, False, 4e-4),
+        ExecutorGap(0, 3, 2, True, 1e-3), ExecutorGap(3, 6, 2, False, 5e-5)))
+    assert c.executor_gap(0, 3, 4, False) == pytest.approx(2e-4)  # halfway: 3e-4 - 1e-4
+    assert c.executor_gap(0, 3, 32, False) == pytest.approx(3e-4)  # the nearest size's
+    assert c.executor_gap(0, 3, 8, True) == pytest.approx(9e-4)  # its mode's row
+    assert c.executor_gap(3, 6, 2, True) == pytest.approx(-5e-5)  # the other mode's: less
+    assert c.executor_gap(1, 3, 2, False) == 0.0  # another span: the calibrated gap
+    assert Cluster(two).executor_gap(0, 3, 2, False) == 0.0
+    again = Cluster.load(c.save(tmp_path / "c.json"))
+    assert (again.executor_gaps, again.executor_gap_base_s) == (c.executor_gaps, 1e-4)
+    with pytest.raises(ClusterError, match=r"layers \[0, 3\) needs a micro-batch >= 1 and "
+                                           r"seconds >= 0, got 2 and -0\.001"):
+        Cluster(two, executor_gap_base_s=1e-4,
+                executor_gaps=(ExecutorGap(0, 3, 2, False, -1e-3),))
+    with pytest.raises(ClusterError, match="executor_gaps need executor_gap_base_s"):
+        Cluster(two, executor_gaps=(ExecutorGap(0, 3, 2, False, 1e-3),))
+
+
 def _one_gpu(n: int, speedup: tuple[float, ...]) -> Cluster:
     return Cluster([Device(f"w{i}", physical="gpu") for i in range(n)],
                    device_sharing="concurrent", device_speedup=speedup)
