@@ -57,9 +57,10 @@ class _Made(SynthTransport):
     (SynthTransport's own) would take a large message's stage milliseconds between its
     actions and read as the executor's (:class:`pipesim.cluster.ExecutorGap`)."""
 
-    def __init__(self, shapes, device: torch.device):
+    def __init__(self, shapes, device: torch.device,
+                 made: dict[tuple[int, str, int], torch.Tensor] | None = None):
         super().__init__(shapes, device)
-        self._made: dict[tuple[int, str, int], torch.Tensor] = {}
+        self._made = {} if made is None else made  # shared: the tensors made once
 
     def _make(self, stage: int, kind: str, mb: int) -> torch.Tensor:
         key = (stage, kind, mb)
@@ -74,8 +75,9 @@ class _Late(_Made):
     the rank sleeps before that action, as a pipeline's rank blocks on a message that is
     not there yet."""
 
-    def __init__(self, shapes, device: torch.device, kind: str, idle_s: float):
-        super().__init__(shapes, device)
+    def __init__(self, shapes, device: torch.device, kind: str, idle_s: float,
+                 made: dict[tuple[int, str, int], torch.Tensor] | None = None):
+        super().__init__(shapes, device, made)
         self.kind, self.idle_s = kind, idle_s
 
     def recv(self, stage: int, kind: str, mb: int, src_stage: int | None = None) -> torch.Tensor:
@@ -122,15 +124,13 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     xs, ys = scatter(x[:size].clone(), plan), scatter(y[:size].clone(), plan)
     device = torch.device("cpu")
 
-    made = _Made(shapes, device)  # its copies made once, as the pipeline's buffers
+    made: dict[tuple[int, str, int], torch.Tensor] = {}  # each message made once
 
     def step() -> dict[str, float]:
         recorder = Recorder(rank, device)
         kind, seconds = idle
-        transport = made
-        if seconds > 0:
-            transport = _Late(shapes, device, kind, seconds)
-            transport._made = made._made
+        transport = (_Late(shapes, device, kind, seconds, made) if seconds > 0
+                     else _Made(shapes, device, made))
         if kind == "F" and rank == 0:  # its input is data: the wait comes before the step
             time.sleep(seconds)
         runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device, transport, recorder,

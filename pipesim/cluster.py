@@ -153,9 +153,9 @@ class ExecutorGap:
     It is Python between a recorder's stop and the next start -- storing the stash,
     handing over the output, freeing the graph and the saved tensors, posting receives,
     wrapping the next forward -- and it grows with the stage and its size: on this
-    project's VM 0.04 ms an action for the calibration pipeline's MLP, 0.06-0.07 for the
-    grid's MLP, 0.08-0.2 for GPT, 0.07-0.22 for U-Net (2026-11-26).  No send is in it:
-    the calibrated gaps have the transport's part."""
+    project's VM 0.04 ms an action for the calibration pipeline's MLP, 0.03-0.09 for the
+    grid's MLP stages, 0.03-0.31 for GPT's, 0.04-0.56 for U-Net's (2026-11-26).  No send is
+    in it: the calibrated gaps have the transport's part."""
 
     first: int
     stop: int

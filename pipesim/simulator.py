@@ -24,8 +24,9 @@ is that much longer than the calibration pipeline's (less: shorter;
 blocked, so its wake-up gap stays::
 
     ready     prev |==|..gap + (stage's - calibration's)..|== F ==|
-    blocked   prev |==|work|  ...waits...  ^input .wakeup.|== F ==|  Where the cluster has
-measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
+    blocked   prev |==|work|  ...waits...  ^input .wakeup.|== F ==|
+
+Where the cluster has measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
 backward also pays what its worker's wait since its last action cost it (read off the
 measured curve at that idle).  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
