@@ -25,6 +25,7 @@ import statistics
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 
 import numpy as np
 import torch
@@ -128,6 +129,71 @@ def _posted_sends(rank: int, port: int, sizes: tuple[int, ...], repeats: int, ou
     dist.destroy_process_group()
 
 
+def _blocked_receives(rank: int, port: int, idles: tuple[float, ...], repeats: int,
+                      out) -> None:
+    """Rank 1 computes for 2 ms, then blocks on a message whose receive it posted first;
+    rank 0 sends it ``idle`` seconds after that computation ends (a sleep as long as the
+    computation, then ``idle``).  Rank 1 puts ``{idle: seconds}``, the median from the
+    send's post to its wait returning (both ``perf_counter``: one clock for every process
+    on a machine; the post's time follows as a second message)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    buf, stamp = torch.zeros(1024), torch.zeros(1, dtype=torch.float64)
+    a = torch.randn(128, 128)
+    woken: dict[float, list[float]] = {idle: [] for idle in idles}
+    tag = 0
+    for i in range(repeats + 2):  # the first rounds warm gloo up
+        for idle in idles:
+            tag += 2
+            if rank == 1:
+                work = _work(dist.irecv(buf, 0, tag=tag))
+                dist.barrier()
+                busy = time.perf_counter() + 0.002
+                while time.perf_counter() < busy:
+                    a = torch.tanh(a @ a)
+                work.wait()
+                back = time.perf_counter()
+                _work(dist.irecv(stamp, 0, tag=tag + 1)).wait()
+                if i >= 2:
+                    woken[idle].append(back - float(stamp[0]))
+            else:
+                dist.barrier()
+                time.sleep(0.002 + idle)
+                posted = time.perf_counter()
+                _work(dist.isend(buf, 1, tag=tag)).wait()
+                _work(dist.isend(torch.tensor([posted], dtype=torch.float64), 1,
+                                 tag=tag + 1)).wait()
+    if rank == 1:
+        out.put({idle: statistics.median(t) for idle, t in woken.items()})
+    dist.destroy_process_group()
+
+
+#: waits (seconds) before a blocked receive whose wake-up :func:`measure_wakeups` times
+WAKEUP_IDLES = (0.001, 0.003, 0.01, 0.03)
+
+
+def measure_wakeups(idles: tuple[float, ...] = WAKEUP_IDLES, repeats: int = 20,
+                    pin_cores: bool = False) -> tuple[tuple[float, float], ...]:
+    """How much longer a blocked receiver takes to wake the longer it waited
+    (:attr:`pipesim.cluster.Cluster.wakeup_curve`): two processes, one blocked on a
+    4 KiB message the other sends ``idle`` seconds after the first's computation ended
+    (:func:`_blocked_receives`); ``((idle, seconds beyond the shortest idle's), ...)``,
+    from ``(0, 0)``, never below 0.  On this project's VM (2026-11-26, pinned, two runs):
+    from the send's post to the wait's return 0.13-0.16 ms after 1 ms, 0.21-0.24 after
+    3 ms, 0.30-0.36 after 10-30 ms -- an idle core sleeps deeper; the grids' own blocked
+    actions alike (0.16-0.29, 0.24-0.29, 0.29-0.45 ms)."""
+    idles = tuple(sorted({float(i) for i in idles}))
+    if not idles or idles[0] <= 0:
+        raise ValueError(f"idles must be positive seconds, got {list(idles)}")
+    from executor.distributed import _free_port
+
+    (woken,) = _gather(_blocked_receives, 2, (_free_port(), idles, repeats), expected=1,
+                       pin_cores=pin_cores)
+    first = woken[idles[0]]
+    return ((0.0, 0.0), *((idle, max(woken[idle] - first, 0.0)) for idle in idles))
+
+
 def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20,
                  pin_cores: bool = False) -> tuple[Link, dict[int, float]]:
     """Fit a gloo loopback link between two processes; returns it and the raw medians.
@@ -180,7 +246,7 @@ def unexplained_gaps(actions, latency_s: float = 0.0) -> list[tuple[float, bool]
 
 
 def measure_overhead(iterations: int = 24, latency_s: float = 0.0,
-                     pin_cores: bool = False) -> dict[str, float]:
+                     pin_cores: bool = False) -> dict[str, Any]:
     """Per-action executor overhead (seconds), from two calibration pipelines on 2 ranks.
 
     Both are small MLPs, 1F1B over 8 micro-batches, unrelated to the plans being
@@ -227,7 +293,7 @@ def measure_in_action(iterations: int = 24, pin_cores: bool = False) -> float:
 
 
 def measure_gaps(iterations: int = 24, latency_s: float = 0.0, pin_cores: bool = False,
-                 width: int = 512, micro_batch: int = 8) -> dict[str, float]:
+                 width: int = 512, micro_batch: int = 8) -> dict[str, Any]:
     """The gaps of :func:`measure_overhead` alone (its *paced* pipeline: no profile needed),
     seconds: ``between_actions_s``, ``wakeup_s``, ``between_actions_all_s`` (means) and
     ``between_actions_median_s``; and ``action_s``, the median compute action.  ``width``
@@ -238,7 +304,8 @@ def measure_gaps(iterations: int = 24, latency_s: float = 0.0, pin_cores: bool =
     compute = actions[actions.kind.isin(["F", "B"])]
     return {**_gap_means(actions, latency_s),
             "action_s": float((compute.end - compute.start).median()),
-            "executor_gap_s": calibration_executor_gap(pin_cores, width, micro_batch)}
+            "executor_gap_s": calibration_executor_gap(pin_cores, width, micro_batch),
+            "wakeup_curve": measure_wakeups(pin_cores=pin_cores)}
 
 
 def calibration_executor_gap(pin_cores: bool = False, width: int = 512,
@@ -305,7 +372,7 @@ def _overheads(actions, prof, plan, latency_s: float = 0.0) -> dict[str, float]:
 
 def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                   name: str = "calibrated_cpu_processes",
-                  overheads: dict[str, float] | None = None,
+                  overheads: dict[str, Any] | None = None,
                   pin_cores: bool = False) -> Cluster:
     """A Cluster for ``n_devices`` CPU processes on this machine, measured (seconds, B/s).
 
@@ -326,6 +393,7 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
                    wakeup_gap_s=over["wakeup_s"], executor_gap_base_s=over["executor_gap_s"],
+                   wakeup_curve=over["wakeup_curve"],
                    host_contention=host_contention(n_devices, threads_per_rank,
                                                    pin_cores=pin_cores), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted

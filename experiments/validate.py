@@ -25,7 +25,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -153,7 +153,7 @@ def main() -> None:
         repredict(results, tag)
         return
     print("calibrating ...", flush=True)
-    overheads: dict[str, float] = {}
+    overheads: dict[str, Any] = {}
     cluster = calibrate_cpu(args.stages, overheads=overheads, pin_cores=args.pin)
     cluster.save(results / f"calibration_{tag}.json")
     print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
@@ -167,8 +167,9 @@ def main() -> None:
     # the gaps likewise (seconds: between ready actions, after a wake-up, one for all): one
     # reading is one moment's, and a loaded moment reads them 4x (2026-11-24)
     # and the executor's part of them (the calibration pipeline's stages in place)
+    # and how a wake-up grows with the wait before it (a micro-benchmark)
     gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"],
-             overheads["executor_gap_s"])]
+             overheads["executor_gap_s"], overheads["wakeup_curve"])]
     # and the in-action overhead (seconds): ten grids' calibrations read 0.0-0.20 ms, most
     # 0.035-0.065 (2026-11-24), and 0.17 ms charged on every action of a 100-action step
     in_action = [cluster.compute_overhead_s]
@@ -298,7 +299,7 @@ def main() -> None:
                                          pin_cores=args.pin))
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"],
-                     again["executor_gap_s"]))
+                     again["executor_gap_s"], again["wakeup_curve"]))
         in_action.append(again["in_action_s"])
         keep_readings()
         model_cluster = dataclasses.replace(
@@ -325,6 +326,8 @@ def main() -> None:
                          model_cluster, checkpoint_extras=()))} if extras else {}),
                      **({"no_executor_gaps": (prof, dataclasses.replace(
                          model_cluster, executor_gaps=()))} if executor else {}),
+                     "no_wakeup_curve": (prof, dataclasses.replace(model_cluster,
+                                                                   wakeup_curve=())),
                      # one gap for every action, the mean over all (before 2026-11-24)
                      "one_gap": (prof, dataclasses.replace(
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
@@ -363,7 +366,8 @@ def main() -> None:
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
-    # (between ready actions, wake-up, one for all, the executor's part) seconds
+    # (between ready actions, wake-up, one for all, the executor's part) seconds, and the
+    # wake-up's growth with the wait before it ((idle, seconds), ...)
     summary["gap_readings"] = gaps
     summary["in_action_readings"] = in_action  # seconds
     summary["host_contention_sustained_readings"] = sustained

@@ -200,13 +200,19 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
               in_action: Sequence[float] = ()) -> Cluster:
     """``cluster`` with the means of the readings around a model's grid: its host
     contention, its gaps (``(action_gap_s, wakeup_gap_s, one for all,
-    executor_gap_base_s)`` per reading, the last from 2026-11-26 on; a reading without a
-    wake-up gap leaves one gap for both) and, where given, its in-action overhead
+    executor_gap_base_s, wakeup_curve)`` per reading, the last two from 2026-11-26 on; a
+    reading without a wake-up gap leaves one gap for both) and, where given, its in-action overhead
     (``compute_overhead_s``)."""
     wakeups = [g[1] for g in gaps]
     overhead = sum(in_action) / len(in_action) if in_action else cluster.compute_overhead_s
     # the executor's part of those gaps, where every reading has it (from 2026-11-26)
     bases = [float(g[3]) for g in gaps if len(g) > 3 and g[3] is not None]
+    # and the wake-up's growth with the wait before it, point by point (from 2026-11-26)
+    curves = [tuple((float(i), float(v)) for i, v in g[4]) for g in gaps if len(g) > 4 and g[4]]
+    curve = cluster.wakeup_curve
+    if curves and len(curves) == len(gaps) and len({tuple(i for i, _ in c) for c in curves}) == 1:
+        curve = tuple((i, sum(c[k][1] for c in curves) / len(curves))
+                      for k, (i, _) in enumerate(curves[0]))
     return dataclasses.replace(
         cluster, host_contention=sum(contention) / len(contention),
         compute_overhead_s=overhead,
@@ -214,7 +220,8 @@ def bracketed(cluster: Cluster, contention: Sequence[float],
         wakeup_gap_s=(None if any(w is None for w in wakeups)
                       else sum(float(w or 0.0) for w in wakeups) / len(wakeups)),
         executor_gap_base_s=(sum(bases) / len(bases) if bases and len(bases) == len(gaps)
-                             else cluster.executor_gap_base_s))
+                             else cluster.executor_gap_base_s),
+        wakeup_curve=curve)
 
 
 def predict_saved(folder: Path, tag: str = "cpu",

@@ -187,6 +187,14 @@ class Cluster:
     #:
     #: None: ``action_gap_s`` for both (cluster files from before 2026-11-24)
     wakeup_gap_s: float | None = None
+    #: how much longer a wake-up takes the longer the worker waited: ``((idle seconds,
+    #: extra seconds), ...)`` from ``(0, 0)``, read linearly at the wait since the worker's
+    #: previous action ended (the last point's beyond), added to ``wakeup_s``.  An idle
+    #: core sleeps deeper: on this project's VM a receiver blocked 1 ms woke in 0.13-0.16
+    #: ms, after 10-30 ms in 0.30-0.36 (``executor.calibrate.measure_wakeups``, a
+    #: micro-benchmark; ``wakeup_gap_s`` comes from a pipeline whose waits are short).
+    #: Empty: ``wakeup_s`` after any wait
+    wakeup_curve: tuple[tuple[float, float], ...] = ()
     #: processor sharing between workers of one host (CPU processes competing for memory
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
@@ -288,6 +296,13 @@ class Cluster:
                 raise ClusterError(f"checkpoint extra of layers [{extra.first}, {extra.stop}) "
                                    f"needs a micro-batch >= 1 and finite seconds, got "
                                    f"{extra.micro_batch} and {extra.seconds}")
+        self.wakeup_curve = tuple((float(i), float(v)) for i, v in self.wakeup_curve)
+        idles = [i for i, _ in self.wakeup_curve]
+        if self.wakeup_curve and (idles != sorted(set(idles)) or idles[0] != 0.0 or any(
+                not (math.isfinite(v) and v >= 0) for _, v in self.wakeup_curve)):
+            raise ClusterError("wakeup_curve must run from idle 0 through increasing idles "
+                               "with finite seconds >= 0, got "
+                               f"{[list(p) for p in self.wakeup_curve]}")
         self.executor_gaps = tuple(x if isinstance(x, ExecutorGap) else ExecutorGap(**x)
                                    for x in self.executor_gaps)
         for row in self.executor_gaps:
@@ -312,6 +327,15 @@ class Cluster:
         """Seconds from a blocked worker's input arriving to its action starting:
         ``wakeup_gap_s``, or ``action_gap_s`` where the cluster has none."""
         return self.action_gap_s if self.wakeup_gap_s is None else self.wakeup_gap_s
+
+    def wakeup_after(self, idle: float) -> float:
+        """Seconds from a blocked worker's input arriving to its action starting, after it
+        waited ``idle`` seconds since its previous action: ``wakeup_s`` and what
+        ``wakeup_curve`` adds at that wait."""
+        if not self.wakeup_curve or idle <= 0:
+            return self.wakeup_s
+        return self.wakeup_s + float(np.interp(idle, [p[0] for p in self.wakeup_curve],
+                                               [p[1] for p in self.wakeup_curve]))
 
     def link_between(self, src: int, dst: int) -> Link:
         """The link from worker ``src`` to worker ``dst``; free on one physical device."""
@@ -432,6 +456,7 @@ class Cluster:
                        action_gap_s=float(d.get("action_gap_s", 0.0)),
                        wakeup_gap_s=(None if d.get("wakeup_gap_s") is None
                                      else float(d["wakeup_gap_s"])),
+                       wakeup_curve=tuple(tuple(p) for p in d.get("wakeup_curve", ())),
                        host_contention=float(d.get("host_contention", 0.0)),
                        host_slowdowns=tuple(SpanSlowdown(**x)
                                             for x in d.get("host_slowdowns", ())),

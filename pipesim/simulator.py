@@ -26,6 +26,10 @@ blocked, so its wake-up gap stays::
     ready     prev |==|..gap + (stage's - calibration's)..|== F ==|
     blocked   prev |==|work|  ...waits...  ^input .wakeup.|== F ==|
 
+and where the cluster measured how a wake-up grows with the wait before it
+(:attr:`pipesim.cluster.Cluster.wakeup_curve`), the longer the worker waited since its
+previous action the longer its wake-up.
+
 Where the cluster has measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
 backward also pays what its worker's wait since its last action cost it (read off the
 measured curve at that idle).  Optional jitter
@@ -257,6 +261,8 @@ class _Run:
         timeout = env.timeout
         gap = sim.cluster.action_gap_s
         wakeup = sim.cluster.wakeup_s
+        # (a wake-up grows with the wait before it, where the cluster measured how)
+        wakeup_after = sim.cluster.wakeup_after if sim.cluster.wakeup_curve else None
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
@@ -279,7 +285,12 @@ class _Run:
                     blocked = True
             # (its stage's own executor work, measured in place, where its input was there:
             # a worker that blocked on its input did that work before it blocked)
-            pause = wakeup if blocked else gap + step.gap_s
+            if not blocked:
+                pause = gap + step.gap_s
+            elif wakeup_after is not None and idled >= 0:
+                pause = wakeup_after(env.now - idled)
+            else:
+                pause = wakeup
             if pause > 0:
                 yield timeout(pause)
             if resource is not None:

@@ -658,6 +658,17 @@ def test_executor_gaps_are_the_executors_seconds_around_each_action_in_place():
     assert 0.0 < base < 1e-3
 
 
+def test_measure_wakeups_gives_the_wake_ups_growth_with_the_wait_before_it():
+    from executor.calibrate import measure_wakeups
+
+    curve = measure_wakeups(idles=(0.004, 0.001), repeats=3)
+    # from (0, 0), then each idle measured, in order, against the shortest one's wake-up
+    assert [p[0] for p in curve] == [0.0, 0.001, 0.004]
+    assert curve[1][1] == 0.0 and 0.0 <= curve[2][1] < 0.05
+    with pytest.raises(ValueError, match="idles must be positive seconds"):
+        measure_wakeups(idles=(0.0, 0.001))
+
+
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
     from executor.in_place import _stage_step, idle_costs
 

@@ -503,6 +503,36 @@ def test_an_action_pauses_its_stages_executor_gap_beyond_the_calibration_pipelin
     assert starts(none)[(1, "F", 1)] == pytest.approx(2.75)
 
 
+def test_a_blocked_workers_wake_up_grows_with_its_wait_by_the_measured_curve(tmp_path):
+    from pipesim.errors import ClusterError
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 1, 1, checkpoint="never", schedule="gpipe")
+    two = [Device("a"), Device("b")]
+    curve = ((0.0, 0.0), (1.0, 0.1), (10.0, 1.0))
+    flat = Cluster(two, action_gap_s=0.25, wakeup_gap_s=0.5)
+    grows = dataclasses.replace(flat, wakeup_curve=curve)
+
+    def start(cluster: Cluster, stage: int, kind: str) -> float:
+        a = simulate(prof, plan, cluster).actions
+        return float(a[(a.stage == stage) & (a.kind == kind)].start.iloc[0])
+
+    #   stage 0  .25|== F0 ==|          ...waits 3.75 s...          |wake|=== B0 ===
+    #   stage 1      F0 arrives 1.25 |.5|== F0 ==|.25|==== B0 ====| 5.0
+    # stage 1's first action has no wait before it to read: the plain wake-up
+    assert start(flat, 1, "F") == start(grows, 1, "F") == pytest.approx(1.75)
+    # stage 0 waited 3.75 s for its gradient: 0.5 and the curve at 3.75 (0.1 + 2.75 * 0.1)
+    assert start(flat, 0, "B") == pytest.approx(5.5)
+    assert start(grows, 0, "B") == pytest.approx(5.0 + 0.5 + 0.375)
+    assert grows.wakeup_after(30.0) == pytest.approx(1.5)  # the last point's beyond
+    assert grows.wakeup_after(0.0) == flat.wakeup_after(3.0) == 0.5
+    assert Cluster.load(grows.save(tmp_path / "c.json")).wakeup_curve == curve
+    with pytest.raises(ClusterError, match="wakeup_curve must run from idle 0"):
+        Cluster(two, wakeup_curve=((1.0, 0.1),))
+    with pytest.raises(ClusterError, match="finite seconds >= 0"):
+        Cluster(two, wakeup_curve=((0.0, 0.0), (1.0, -0.1)))
+
+
 def test_executor_gaps_read_their_mode_in_log_size_less_the_base_are_validated_and_round_trip(
         tmp_path):
     from pipesim.cluster import ExecutorGap
@@ -1331,6 +1361,15 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
     assert c.compute_overhead_s == base.compute_overhead_s
     assert bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4)], [5e-5, 1.5e-4]).compute_overhead_s == \
         pytest.approx(1e-4)
+    # the executor's part of the gaps and the wake-up's growth, where every reading has
+    # them (the curve point by point; JSON gives its points as lists); else the cluster's
+    later = bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4, 4e-5, [[0, 0], [0.01, 2e-4]]),
+                                    (4e-4, 8e-4, 6e-4, 6e-5, ((0, 0), (0.01, 4e-4)))])
+    assert later.executor_gap_base_s == pytest.approx(5e-5)
+    assert [p[0] for p in later.wakeup_curve] == [0.0, 0.01]
+    assert [p[1] for p in later.wakeup_curve] == pytest.approx([0.0, 3e-4])
+    mixed = bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4), (4e-4, 8e-4, 6e-4, 6e-5, [[0, 0]])])
+    assert (mixed.executor_gap_base_s, mixed.wakeup_curve) == (0.0, ())
 
 
 def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path):
