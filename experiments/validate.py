@@ -164,10 +164,10 @@ def main() -> None:
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
-    # the gaps likewise (seconds: between ready actions, after a wake-up, one for all): one
-    # reading is one moment's, and a loaded moment reads them 4x (2026-11-24)
-    # and the executor's part of them (the calibration pipeline's stages in place)
-    # and how a wake-up grows with the wait before it (a micro-benchmark)
+    # the gaps likewise (seconds: between ready actions, after a wake-up, one for all; the
+    # executor's part of them, the calibration pipeline's stages in place; how a wake-up
+    # grows with the wait before it, a micro-benchmark): one reading is one moment's, and a
+    # loaded moment reads them 4x (2026-11-24)
     gaps = [(cluster.action_gap_s, cluster.wakeup_gap_s, overheads["between_actions_all_s"],
              overheads["executor_gap_s"], overheads["wakeup_curve"])]
     # and the in-action overhead (seconds): ten grids' calibrations read 0.0-0.20 ms, most
