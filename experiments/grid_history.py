@@ -102,6 +102,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     ``{"executor_gaps": {model: rows}, "executor_gap_base_s": seconds}``,
     ``experiments/in_place_costs.py``)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
+    # a file's gaps come with the calibration pipeline's figure of that hour (read once)
+    gap_base = ({"gap_base_s": float(json.loads(Path(gaps).read_text())["executor_gap_base_s"])}
+                if repredict and gaps not in ("", "none", "run") else {})
     tables = []
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
@@ -120,10 +123,7 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             if repredict and source:
                 readings = ({} if source == "none"
                             else in_place_readings(folder, source, what, tag))
-                # a file's gaps come with the calibration pipeline's figure of that hour
-                base = ({"gap_base_s": float(json.loads(Path(source).read_text())
-                                             ["executor_gap_base_s"])}
-                        if option == "gaps" and source not in ("none", "run") else {})
+                base = gap_base if option == "gaps" else {}
                 again = predict_saved(folder, tag, cluster_fields, **{option: readings}, **base)
                 table[f"predicted_ms_now_no_{option}" if source == "none"
                       else f"predicted_ms_now_{option}"] = again.predicted_ms_now
