@@ -30,6 +30,7 @@ Writes experiments/results/grid_history.csv (one row per plan and column) and .j
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -52,9 +53,11 @@ KEY = ["model", "balance", "chunks", "checkpoint", "schedule"]
 RUN_FILES = ("validation_{tag}.csv", "validation_{tag}.json", "calibration_{tag}.json")
 
 
-def committed_runs(count: int, into: Path, tag: str = "cpu") -> list[Path]:
+def committed_runs(count: int, into: Path, tag: str = "cpu",
+                   also: tuple[str, ...] = ()) -> list[Path]:
     """The last ``count`` runs committed to ``experiments/results/`` (the commits that
-    changed ``validation_TAG.csv``), each copied out of git into a folder of ``into``."""
+    changed ``validation_TAG.csv``), each copied out of git into a folder of ``into``,
+    with the files ``also`` names (``{tag}`` filled in) where the commit has them."""
     rel = f"experiments/results/validation_{tag}.csv"
     commits = subprocess.run(["git", "-C", str(ROOT), "log", f"-{count}", "--format=%h", "--",
                               rel], check=True, capture_output=True, text=True).stdout.split()
@@ -68,6 +71,9 @@ def committed_runs(count: int, into: Path, tag: str = "cpu") -> list[Path]:
         models = pd.read_csv(folder / names[0]).model.unique()
         for name in (f"profile_{tag}_{m}.{ext}" for m in models for ext in ("csv", "json")):
             (folder / name).write_bytes(_git_show(commit, f"experiments/results/{name}"))
+        for name in (n.format(tag=tag) for n in also):
+            with contextlib.suppress(FileNotFoundError):  # older runs kept fewer files
+                (folder / name).write_bytes(_git_show(commit, f"experiments/results/{name}"))
         folders.append(folder)
     return folders
 

@@ -39,7 +39,7 @@ import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -308,13 +308,13 @@ def pooled_overheads(clusters: list[Cluster]) -> dict[str, float]:
     return pooled
 
 
-def traces(evidence: Path) -> list[dict]:
-    """Rows for the recorded traces: measured iteration and bubble, predicted per variant,
-    each model's calibration with the run's overheads pooled (:func:`pooled_overheads`)."""
+def trace_runs(evidence: Path) -> Iterator[tuple[str, str, Profile, Cluster, Plan, Trace]]:
+    """``(model, dtype, profile, cluster, plan, measured)`` for every recorded trace: its
+    profile completed as :func:`traces` describes, each model's calibration with the
+    run's overheads pooled (:func:`pooled_overheads`)."""
     folders = sorted(f for f in (evidence / "traces").iterdir() if f.is_dir())
     clusters = {f: Cluster.load(f / "cluster.json") for f in folders}
     pooled = pooled_overheads(list(clusters.values()))
-    rows = []
     for folder in folders:
         model, dtype = folder.name.split("_")
         profile = _with_stream_law(_with_checkpoint_costs(
@@ -323,10 +323,18 @@ def traces(evidence: Path) -> list[dict]:
         cluster = dataclasses.replace(clusters[folder], **pooled)
         for run in sorted(p for p in folder.iterdir() if p.is_dir()):
             measured = Trace.load(run, "measured")
-            plan = Plan.from_dict(measured.meta["plan"], source=str(run))
-            meas = metrics(measured)
-            rows += _variants("traces", model, dtype, profile, cluster, plan,
-                              meas.iteration_time_s * 1e3, meas.mean_bubble)
+            yield (model, dtype, profile, cluster,
+                   Plan.from_dict(measured.meta["plan"], source=str(run)), measured)
+
+
+def traces(evidence: Path) -> list[dict]:
+    """Rows for the recorded traces: measured iteration and bubble, predicted per variant
+    (:func:`trace_runs`)."""
+    rows = []
+    for model, dtype, profile, cluster, plan, measured in trace_runs(evidence):
+        meas = metrics(measured)
+        rows += _variants("traces", model, dtype, profile, cluster, plan,
+                          meas.iteration_time_s * 1e3, meas.mean_bubble)
     return rows
 
 

@@ -146,13 +146,17 @@ def save_measured_actions(path: Path, label: str, plans: list[Plan],
 def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster) -> float:
     """Relative error of the simulator replaying the run's own median action durations.
 
-    Durations come from the run (contention included); links and the gap between actions
-    from calibration.
+    Durations come from the run, whatever sharing did to them included: so nothing is
+    shared again -- no host contention, and workers that shared a device (threads on one
+    GPU) each get one of their own, in no common process (interpreter, autograd engine).
+    Links and the gaps between actions come from calibration.
     """
     a = measured.actions[measured.actions.kind.isin(["F", "B"])]
     med = (a.assign(d=a.end - a.start).groupby(["stage", "kind", "microbatch"])["d"].median())
     durations = {k: float(v) for k, v in med.items()}
-    replay_cluster = dataclasses.replace(cluster, host_contention=0.0)
+    own = [dataclasses.replace(d, physical=f"{d.physical}/{d.name}" if d.physical else "",
+                               process="") for d in cluster.devices]
+    replay_cluster = dataclasses.replace(cluster, host_contention=0.0, devices=own)
     replay = metrics(simulate(profile, plan, replay_cluster, durations=durations)).iteration_time_s
     return replay / metrics(measured).iteration_time_s - 1
 
@@ -255,6 +259,44 @@ def predict_saved(folder: Path, tag: str = "cpu",
     between actions measured in place (:class:`pipesim.cluster.ExecutorGap`; none before
     2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
     default the run's readings; a run without them predicts without the gaps)."""
+    grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s)
+    now = []
+    for r in grid.table.itertuples():
+        plan = grid.plan(r)
+        durations = (in_place_durations(plan, costs[r.model]) if costs and r.model in costs
+                     else None)
+        now.append(1e3 * metrics(simulate(grid.profiles[r.model], plan, grid.clusters[r.model],
+                                          durations=durations,
+                                          track_memory=False)).iteration_time_s)
+    return grid.table.assign(predicted_ms_now=now)
+
+
+@dataclasses.dataclass
+class SavedGrid:
+    """A saved ``validate.py`` grid as today's model predicts it (:func:`saved_grid`): its
+    table, each model's profile and cluster (readings bracketed as the run took them)."""
+
+    table: pd.DataFrame
+    profiles: dict[str, Profile]
+    clusters: dict[str, Cluster]
+    batch: int
+
+    def plan(self, row) -> Plan:
+        """The Plan of one row of :attr:`table`."""
+        return Plan([int(b) for b in str(row.balance).split(",")], int(row.chunks), self.batch,
+                    checkpoint=row.checkpoint, schedule=row.schedule,
+                    virtual_stages=2 if row.schedule in V_SCHEDULES else 1)
+
+
+def saved_grid(folder: Path, tag: str = "cpu",
+               cluster_fields: dict[str, float | None] | None = None,
+               slowdowns: dict[str, list] | None = None,
+               idle: dict[str, list] | None = None,
+               extras: dict[str, list] | None = None,
+               gaps: dict[str, list] | None = None,
+               gap_base_s: float | None = None) -> SavedGrid:
+    """The saved grid ``folder/validation_TAG.csv`` with the profile and cluster each model
+    is predicted with today; the arguments are :func:`predict_saved`'s."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -276,7 +318,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
         """The readings before and after model i's grid, where the run took them."""
         return values[i:i + 2] if values and len(values) > i + 1 else otherwise
 
-    clusters = {}
+    clusters: dict[str, Cluster] = {}
     for i, m in enumerate(table.model.unique()):
         clusters[m] = dataclasses.replace(
             bracketed(cluster, around(readings, i, [cluster.host_contention]),
@@ -293,18 +335,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
                 clusters[m], executor_gap_base_s=base,
                 executor_gaps=tuple(ExecutorGap(**x) if isinstance(x, dict) else x
                                     for x in gaps.get(m, ())))
-    batch = int(meta.get("batch", 32))
-    now = []
-    for r in table.itertuples():
-        plan = Plan([int(b) for b in str(r.balance).split(",")], int(r.chunks), batch,
-                    checkpoint=r.checkpoint, schedule=r.schedule,
-                    virtual_stages=2 if r.schedule in V_SCHEDULES else 1)
-        durations = (in_place_durations(plan, costs[r.model]) if costs and r.model in costs
-                     else None)
-        now.append(1e3 * metrics(simulate(profiles[r.model], plan, clusters[r.model],
-                                          durations=durations,
-                                          track_memory=False)).iteration_time_s)
-    return table.assign(predicted_ms_now=now)
+    return SavedGrid(table, profiles, clusters, int(meta.get("batch", 32)))
 
 
 def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str, int], float]:

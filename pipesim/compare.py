@@ -6,6 +6,8 @@
     cmp.devices        # per device: busy and idle seconds, bubble, peak memory, both sides
     cmp.iteration      # per metric: predicted, measured, absolute and relative error
     memory_shape(p, m) # one device's memory timelines: where the peak falls, how alike
+    alone_scale(p, m, plan)  # what actions cost alone, measured against predicted: the
+                             # factors that give a prediction the measured costs
 
 Measured traces usually hold several iterations; actions are compared on the median
 over iterations of each action's start and duration (times from its iteration's start).
@@ -100,6 +102,86 @@ def compare(predicted: Trace, measured: Trace) -> Comparison:
     iteration["abs_error"] = iteration["predicted"] - iteration["measured"]
     iteration["rel_error"] = iteration["predicted"] / iteration["measured"] - 1
     return Comparison(pm, mm, actions, devices, iteration)
+
+
+def alone_actions(trace: Trace, tolerance: float = 0.05) -> pd.DataFrame:
+    """Each compute action of ``trace`` and whether it ran alone: for at most ``tolerance``
+    of its duration did a compute action of another worker run (same iteration).
+
+    An action alone costs what it costs, with no neighbour slowing it; one that overlaps
+    others costs that and whatever sharing the host, device or interpreter did to it.
+    Columns: ``iteration, device, stage, microbatch, kind, duration`` (seconds),
+    ``overlap`` (share of its duration) and ``alone``::
+
+        worker 0   |== F ==|          |==== B ====|      F alone, B overlapped 0.4
+        worker 1            |== F ==|==== B ====|
+    """
+    a = trace.actions[trace.actions["kind"].isin(COMPUTE_KINDS)]
+    frames = []
+    for _, it in a.groupby("iteration", sort=False):
+        start, end = it["start"].to_numpy(float), it["end"].to_numpy(float)
+        device = it["device"].to_numpy()
+        # seconds each pair overlaps, counted only between different workers
+        shared = np.clip(np.minimum(end[:, None], end[None, :])
+                         - np.maximum(start[:, None], start[None, :]), 0.0, None)
+        shared[device[:, None] == device[None, :]] = 0.0
+        duration = end - start
+        overlap = shared.sum(axis=1) / np.maximum(duration, 1e-12)
+        frames.append(it[["iteration", "device", "stage", "microbatch", "kind"]].assign(
+            duration=duration, overlap=overlap, alone=overlap <= tolerance))
+    columns = ["iteration", "device", "stage", "microbatch", "kind", "duration", "overlap",
+               "alone"]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=columns)
+
+
+def alone_scale(predicted: Trace, measured: Trace, plan: Plan, tolerance: float = 0.05
+                ) -> tuple[dict[tuple[int, str, int], float], pd.DataFrame]:
+    """What each action costs alone, measured against predicted: the factor per action
+    for :class:`pipesim.simulator.Jitter`'s ``scale``, and the table it comes from.
+
+    Actions are grouped by stage, kind, micro-batch size and whether it is checkpointed
+    (they cost the same); a group's factor is the median duration of its measured actions
+    that ran alone (:func:`alone_actions`) over that of its predicted ones.  Simulated
+    again with these factors, the prediction has every action's own cost as measured and
+    keeps the model's contention, gaps and schedule: what error remains is how actions
+    share the machine, not what they cost.  A group alone on neither side or only one
+    keeps its cost (factor 1, ``scale`` NaN in the table).  Table columns: ``stage,
+    kind, micro_batch, checkpointed, measured_s, predicted_s, measured_n, predicted_n,
+    scale``.
+    """
+    sizes = plan.micro_batch_sizes
+
+    def alone(trace: Trace) -> pd.DataFrame:
+        t = alone_actions(trace, tolerance)
+        t = t[t["alone"]]
+        mb = t["microbatch"].astype(int)
+        return t.assign(micro_batch=[sizes[m] for m in mb],
+                        checkpointed=[plan.checkpointed(m) for m in mb])
+
+    keys = ["stage", "kind", "micro_batch", "checkpointed"]
+    sides = [alone(t).groupby(keys)["duration"].agg(["median", "size"])
+             for t in (measured, predicted)]
+    table = sides[0].merge(sides[1], how="outer", left_index=True, right_index=True,
+                           suffixes=("_m", "_p")).reset_index()
+    table = table.rename(columns={"median_m": "measured_s", "median_p": "predicted_s",
+                                  "size_m": "measured_n", "size_p": "predicted_n"})
+    table[["measured_n", "predicted_n"]] = table[["measured_n", "predicted_n"]].fillna(0)
+    table["scale"] = table["measured_s"] / table["predicted_s"]
+    factor = {(int(r.stage), str(r.kind), int(r.micro_batch), bool(r.checkpointed)): float(r.scale)
+              for r in table.itertuples() if np.isfinite(r.scale) and r.scale > 0}
+    scale = {}
+    for s, kind, m in (a for a in _actions_of(predicted)):
+        f = factor.get((s, kind, sizes[m], plan.checkpointed(m)))
+        if f is not None:
+            scale[(s, kind, m)] = f
+    return scale, table
+
+
+def _actions_of(trace: Trace) -> set[tuple[int, str, int]]:
+    """``(stage, kind, microbatch)`` of every compute action in ``trace``."""
+    a = trace.actions[trace.actions["kind"].isin(COMPUTE_KINDS)]
+    return {(int(s), str(k), int(m)) for s, k, m in
+            a[["stage", "kind", "microbatch"]].drop_duplicates().itertuples(index=False)}
 
 
 def _schedule_position(times: np.ndarray, spans: np.ndarray) -> np.ndarray:

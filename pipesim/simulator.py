@@ -140,11 +140,27 @@ Durations = dict[tuple[int, str, int], float]
 
 @dataclass
 class Jitter:
-    """What-if noise: each duration x lognormal(0, sigma) x stragglers.get(worker, 1)."""
+    """What-if costs: each duration x lognormal(0, sigma) x stragglers.get(worker, 1)
+    x scale.get((stage, kind, microbatch), 1).
+
+    Unlike ``durations`` (a replay: the whole duration given, contention included), a
+    ``scale`` changes what an action costs and leaves how it shares its worker's host,
+    device, interpreter and engine to the model: e.g. each action at the cost it was
+    measured to have alone (:func:`pipesim.compare.alone_scale`).
+    """
 
     sigma: float = 0.0
     stragglers: dict[int, float] = field(default_factory=dict)
     seed: int = 0
+    scale: dict[tuple[int, str, int], float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.sigma) and self.sigma >= 0):
+            raise ValueError(f"jitter sigma must be a finite number of at least 0, got {self.sigma}")
+        for what, factors in (("straggler", self.stragglers), ("scale", self.scale)):
+            bad = {k: v for k, v in factors.items() if not (np.isfinite(v) and v > 0)}
+            if bad:
+                raise ValueError(f"jitter {what} factors must be finite and above 0, got {bad}")
 
 
 class _Run:
@@ -308,6 +324,8 @@ class _Run:
                                                         [p[1] for p in curve])), 0.0)
             if jitter is not None and rng is not None:
                 seconds *= jitter.stragglers.get(w, 1.0)
+                if jitter.scale:
+                    seconds *= jitter.scale.get((step.stage, step.kind, mb), 1.0)
                 if jitter.sigma:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
             scale = seconds / step.seconds if step.seconds else 1.0

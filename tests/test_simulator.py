@@ -132,6 +132,84 @@ def test_jitter_is_seeded_and_absent_by_default():
     assert slow.busy_s[1] == pytest.approx(2 * c.busy_s[1])
 
 
+def test_jitter_scale_changes_an_actions_cost_not_its_sharing():
+    prof = uniform_profile(2, fwd_s=F, bwd_s=B)
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    base = simulate(prof, plan)
+    scaled = simulate(prof, plan, jitter=Jitter(scale={(0, "F", 2): 3.0}))
+    dur = {(r.stage, r.kind, r.microbatch): r.end - r.start for r in scaled.actions.itertuples()}
+    assert dur[(0, "F", 2)] == pytest.approx(3 * F)
+    assert dur[(0, "F", 1)] == pytest.approx(F) and dur[(1, "F", 2)] == pytest.approx(F)
+    assert metrics(scaled).iteration_time_s > metrics(base).iteration_time_s
+    # every action on a shared device 1.5x dearer (its overhead too): the device's work
+    # is 1.5x, and so is the time of two workers taking it in turns
+    gpu = Cluster.shared_gpu(2)
+    both = simulate(prof, plan, gpu, jitter=Jitter(scale={(s, k, m): 1.5 for s in (0, 1)
+                                                          for k in "FB" for m in range(4)}))
+    assert metrics(both).iteration_time_s == pytest.approx(
+        1.5 * (2 * 4 * (F + B) + 16 * 20e-6))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"sigma": -0.1}, "sigma"), ({"stragglers": {0: 0.0}}, "straggler"),
+    ({"scale": {(0, "F", 0): float("nan")}}, "scale")])
+def test_jitter_names_a_bad_factor(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        Jitter(**kwargs)
+
+
+def test_alone_actions_tells_overlap_between_workers_only():
+    from pipesim.compare import alone_actions
+
+    actions = pd.DataFrame([
+        # iteration, device, stage, microbatch, kind, start, end, nbytes, resource
+        (0, 0, 0, 0, "F", 0.0, 1.0, 0, "dev0"),   # alone
+        (0, 0, 0, 1, "F", 1.0, 2.0, 0, "dev0"),   # half beside worker 1's F
+        (0, 1, 1, 0, "F", 1.5, 3.5, 0, "dev1"),   # a quarter beside worker 0
+        (0, 1, 1, 0, "B", 3.5, 4.0, 0, "dev1"),   # after both: alone
+        (0, 0, 0, 0, "SEND_F", 1.0, 3.0, 8, "link"),  # a transfer is not compute
+    ], columns=["iteration", "device", "stage", "microbatch", "kind", "start", "end", "nbytes",
+                "resource"])
+    got = alone_actions(Trace(actions)).set_index(["stage", "kind", "microbatch"])
+    assert got.loc[(0, "F", 0), "alone"] and got.loc[(1, "B", 0), "alone"]
+    assert got.loc[(0, "F", 1), "overlap"] == pytest.approx(0.5)
+    assert got.loc[(1, "F", 0), "overlap"] == pytest.approx(0.25)
+    assert not got.loc[(0, "F", 1), "alone"] and len(got) == 4
+
+
+def test_alone_scale_recovers_the_costs_a_run_had_alone():
+    """A 'measured' run whose stage-0 actions cost 1.3x the profile: the factors read off
+    its lone actions give them back, and the prediction with them is the run."""
+    from pipesim.compare import alone_scale
+
+    prof = uniform_profile(2, fwd_s=F, bwd_s=B)
+    plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="gpipe")
+    truth = {(0, k, m): 1.3 for k in "FB" for m in range(4)}
+    measured = simulate(prof, plan, iterations=2, jitter=Jitter(scale=truth))
+    predicted = simulate(prof, plan)
+    scale, table = alone_scale(predicted, measured, plan)
+    # GPipe on two stages: each stage's first forward and last backward run alone
+    rows = table.set_index(["stage", "kind"])
+    assert rows.loc[(0, "F"), "scale"] == pytest.approx(1.3)
+    assert rows.loc[(0, "B"), "scale"] == pytest.approx(1.3)
+    assert rows.loc[(1, "F"), "scale"] == pytest.approx(1.0)
+    assert scale[(0, "B", 2)] == pytest.approx(1.3)
+    again = metrics(simulate(prof, plan, jitter=Jitter(scale=scale))).iteration_time_s
+    assert again == pytest.approx(metrics(measured).iteration_time_s)
+
+
+def test_replay_on_a_shared_gpu_does_not_share_the_device_again():
+    """A run's durations already hold what sharing the GPU did to them: replaying a
+    trace of that very cluster gives it back, not a second slowdown."""
+    from experiments.validation import replay_error
+
+    prof = uniform_profile(2, fwd_s=F, bwd_s=B)
+    plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="gpipe")
+    gpu = dataclasses.replace(Cluster.shared_gpu(2), device_speedup=[1.0, 1.5])
+    measured = simulate(prof, plan, gpu)
+    assert replay_error(prof, plan, measured, gpu) == pytest.approx(0.0, abs=1e-9)
+
+
 # ------------------------------------------------------------------ properties
 @st.composite
 def scenarios(draw):
