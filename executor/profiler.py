@@ -531,6 +531,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     law: dict[str, list[float]] = {}
     shares: dict[str, dict[str, float]] = {}
     slowdowns: dict[str, dict[str, float]] = {}
+    engine_shares: dict[str, dict[str, float]] = {}
     for b in sizes if streams > 1 or interpreter else ():
         x0 = inputs[:b].to(device)
         if dtype is not None and x0.is_floating_point():
@@ -542,11 +543,18 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         if interpreter:
             shares[str(b)], slowdowns[str(b)] = measure_interpreter_share(
                 model, loss_fn or _sum_loss, x0, y0, device)
+            if device.type != "cpu":  # a CPU's backward runs on its caller's thread
+                hooks = measure_engine_interpreter_share(model, loss_fn or _sum_loss, x0, y0,
+                                                         device, shares[str(b)])
+                if hooks is not None:
+                    engine_shares[str(b)] = hooks
     if law:
         info["stream_speedup"] = law
     if shares:
         info["interpreter_share"] = shares
         info["interpreter_slowdown"] = slowdowns
+    if engine_shares:
+        info["engine_interpreter_share"] = engine_shares
     info.update(meta or {})
     return Profile(table=table, meta=info)
 
@@ -596,6 +604,99 @@ def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
     for t in threads:
         t.join(timeout=600)
     return time.perf_counter() - t0
+
+
+def _beside_wall(main: Callable[[], object], other: Callable[[], object],
+                 device: torch.device, iterations: int) -> float:
+    """Wall seconds of ``main`` run ``iterations`` times on one thread while another
+    thread runs ``other`` over and over until it is done (each its own stream on a GPU)."""
+    start, done = threading.Barrier(3), threading.Event()
+
+    def work(index: int, step: Callable[[], object], count: int | None) -> None:
+        stream = _side_stream(device, index) if device.type == "cuda" else None
+        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
+        with ctx:
+            step()
+            synchronize(device)
+            start.wait()
+            if count is None:
+                while not done.is_set():
+                    step()
+            else:
+                for _ in range(count):
+                    step()
+            synchronize(device)
+
+    threads = [threading.Thread(target=work, args=(0, main, iterations), daemon=True),
+               threading.Thread(target=work, args=(1, other, None), daemon=True)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    threads[0].join(timeout=600)
+    wall = time.perf_counter() - t0
+    done.set()
+    threads[1].join(timeout=600)
+    return wall
+
+
+def hook_share(plain_ratio: float, checkpointed_ratio: float, recompute_share: float,
+               forward_share: float, recompute_hold: float) -> float | None:
+    """The share of a checkpointed backward proper's seconds that holds the interpreter,
+    from each backward run beside another thread's forwards against alone (the ratios).
+
+    A pass that holds the interpreter ``h`` of its time beside forwards that hold it
+    ``g`` of theirs slows by ``1 + h g`` (its held part waits for the lock half the time
+    the forwards hold it).  Beside the same forwards a plain backward slows by
+    ``plain_ratio`` (its device shared, its C++ outside the interpreter); what a
+    checkpointed one loses over that is its recomputation's hold (``recompute_share`` of
+    its seconds, holding ``recompute_hold`` of them) and its hooks' (the rest, ``h``)::
+
+        checkpointed_ratio / plain_ratio - 1 = rho r g + (1 - rho) h g
+
+    Returns ``h`` clamped to [0, 1]; None where the forwards hold too little of the
+    interpreter (``g < 0.2``) for the difference to tell."""
+    if forward_share < 0.2 or plain_ratio <= 0 or recompute_share >= 1:
+        return None
+    extra = checkpointed_ratio / plain_ratio - 1 - recompute_share * recompute_hold * forward_share
+    return min(max(extra / ((1 - recompute_share) * forward_share), 0.0), 1.0)
+
+
+def measure_engine_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
+                                     y: torch.Tensor, device: str | torch.device,
+                                     shares: dict[str, float], iterations: int = 20,
+                                     trials: int = 3, min_seconds: float = 0.05
+                                     ) -> dict[str, float] | None:
+    """``meta["engine_interpreter_share"]`` at one size: ``{"B": 0, "Bc": h}``.
+
+    On an accelerator autograd's thread issues a backward in C++, outside the interpreter
+    (``B``: 0, assumed) -- but for torch.utils.checkpoint's unpack hooks, Python run for
+    each saved tensor the backward reads.  A plain and a checkpointed backward are each
+    timed alone and beside another thread running forwards over and over (a pipeline's
+    other stage), and :func:`hook_share` reads ``h`` off the two slowdowns, with the
+    forward's and the checkpointed forward's interpreter shares ``shares`` (from
+    :func:`measure_interpreter_share`) for the forwards' and the recomputation's holds.
+    None where the forwards hold too little of the interpreter to tell."""
+    dev = torch.device(device)
+    xs, ys = x.to(dev), y.to(dev)
+    mine, theirs = copy.deepcopy(module).to(dev), copy.deepcopy(module).to(dev)
+    plain = functools.partial(loss_fn(mine(xs), ys).backward, retain_graph=True)
+    recomputing = functools.partial(
+        loss_fn(checkpoint(mine, xs, use_reentrant=False), ys).backward, retain_graph=True)
+    forward = functools.partial(theirs, xs)
+    ratios, alone = [], []
+    for step in (plain, recomputing):
+        once = _threads_wall([step], dev, 5) / 5
+        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
+        alone.append(statistics.median(_threads_wall([step], dev, n) / n for _ in range(trials)))
+        ratios.append(statistics.median(
+            _beside_wall(step, forward, dev, n) / _threads_wall([step], dev, n)
+            for _ in range(trials)))
+    # the recomputation's share of the checkpointed backward: what it costs over a plain one
+    recompute_share = min(max(1 - alone[0] / alone[1], 0.0), 0.95)
+    h = hook_share(ratios[0], ratios[1], recompute_share, shares["F"],
+                   shares.get("Fc", shares["F"]))
+    return None if h is None else {"B": 0.0, "Bc": h}
 
 
 def measure_device_speedup(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,

@@ -30,8 +30,10 @@ newest GPU variant of :mod:`experiments.repredict_evidence`), the project's GPU 
 its own source, ``cpu_COMMIT``).
 
     python experiments/error_decomposition.py [--sources traces,gpu,cpu] [--run DIR | --git N]
-Writes experiments/results/error_decomposition.csv (one row per plan) and
-error_decomposition_summary.csv (median and max |error| per source, model and dtype).
+Writes experiments/results/error_decomposition.csv (one row per plan),
+error_decomposition_summary.csv (median and max |error| per source, model and dtype) and
+error_decomposition_costs.csv (:func:`cost_biases`: what each stage's actions cost alone
+against the prediction, over every plan and run).
 """
 
 from __future__ import annotations
@@ -68,11 +70,18 @@ GPU_VARIANT = "threads_node_order"
 Run = tuple[str, str, str, Profile, Cluster, Plan, Trace]
 
 
-def decompose(profile: Profile, plan: Plan, cluster: Cluster, measured: Trace) -> dict:
+def decompose(profile: Profile, plan: Plan, cluster: Cluster, measured: Trace,
+              costs: list[pd.DataFrame] | None = None) -> dict:
     """Iteration times (ms) of ``plan`` predicted, with alone costs and replayed, beside the
-    measured, and the share of the measured compute seconds whose cost was scaled."""
+    measured, and the share of the measured compute seconds whose cost was scaled.
+    ``costs``, if given, receives the plan's :func:`pipesim.compare.alone_scale` table,
+    each stage's layers beside it (``first``, ``stop``)."""
     predicted = simulate(profile, plan, cluster, track_memory=False)
     scale, table = alone_scale(predicted, measured, plan)
+    if costs is not None:
+        spans = [plan.stage_layers(s) for s in range(plan.n_stages)]
+        costs.append(table.assign(first=[spans[s].start for s in table.stage],
+                                  stop=[spans[s].stop for s in table.stage]))
     scaled = simulate(profile, plan, cluster, track_memory=False, jitter=Jitter(scale=scale))
     measured_ms = 1e3 * metrics(measured).iteration_time_s
     a = measured.actions[measured.actions["kind"].isin(COMPUTE_KINDS)]
@@ -128,6 +137,22 @@ def cpu_grid(run: Path, tag: str) -> Iterator[Run]:
                grid.clusters[r.model], plan, measured)
 
 
+def cost_biases(costs: pd.DataFrame) -> pd.DataFrame:
+    """What each stage's actions cost alone against their prediction, over every plan and
+    run of a source: per source, model, layers, kind, micro-batch size and checkpointing,
+    the median ratio (``bias_pct``: median over actions of measured / predicted - 1, in
+    %) and its scatter (``scatter_pct``: standard deviation of the log-ratio, in %).  A
+    large bias with little scatter is the cost model's to fix; a large scatter with no
+    bias is the machine drifting between the profile and the run."""
+    c = costs.dropna(subset=["scale"]).assign(log=lambda t: np.log(t["scale"]))
+    out = c.groupby(["source", "model", "first", "stop", "kind", "micro_batch",
+                     "checkpointed"]).agg(groups=("log", "size"), log_median=("log", "median"),
+                                           log_sd=("log", "std")).reset_index()
+    out["bias_pct"] = 100 * (np.exp(out.pop("log_median")) - 1)
+    out["scatter_pct"] = 100 * out.pop("log_sd")
+    return out
+
+
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
     """Median and max |error| (%) of each prediction per source, model and dtype."""
     t = table.copy()
@@ -159,14 +184,19 @@ def main() -> None:
                     if (f / ACTIONS.format(tag=args.tag)).exists()]
         sources = {"traces": gpu_traces, "gpu": gpu_grid,
                    "cpu": lambda: (r for run in runs for r in cpu_grid(run, args.tag))}
-        rows = []
+        rows, costs = [], []
         for name in args.sources.split(","):
             if name not in sources:
                 raise SystemExit(f"--sources: unknown source {name!r} "
                                  f"(known: {', '.join(sources)})")
             for source, model, dtype, profile, cluster, plan, measured in sources[name]():
+                parts: list[pd.DataFrame] = []
                 rows.append({"source": source, "model": model, "dtype": dtype,
-                             "plan": plan.label(), **decompose(profile, plan, cluster, measured)})
+                             "plan": plan.label(),
+                             **decompose(profile, plan, cluster, measured, parts)})
+                # (the CPU runs' costs pooled over runs: a bias shows through their drift)
+                pooled = "cpu" if source.startswith("cpu_") else source
+                costs += [p.assign(source=pooled, model=f"{model}/{dtype}") for p in parts]
     table = pd.DataFrame(rows)
     summary = summarise(table)
     cpu = table[table.source.str.startswith("cpu_")]
@@ -177,6 +207,14 @@ def main() -> None:
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     meta = {**machine(), "sources": args.sources, "run": str(args.run), "gpu_variant": GPU_VARIANT}
     write_results("error_decomposition", table, meta)
+    biases = cost_biases(pd.concat(costs, ignore_index=True))
+    write_results("error_decomposition_costs", biases, meta)
+    with pd.option_context("display.width", 200, "display.max_rows", 60):
+        for source, part in biases[biases.groups >= 3].groupby("source"):
+            print(f"{source}: the alone costs furthest from the prediction (median over "
+                  "plans and runs, >= 3 of them)")
+            print(part.sort_values("bias_pct", key=abs, ascending=False).head(8)
+                  .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     path = write_results("error_decomposition_summary", summary, meta)
     print(f"wrote {path}")
 

@@ -99,7 +99,25 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
                                          _threads(c))
                                         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table
                                         and _on_gpu(c) else None),
+    # + a checkpointed backward's unpack hooks (Python, on autograd's thread) holding the
+    # interpreter for all of its issue there (no share was measured in these runs: assumed;
+    # the profiler measures it now, a checkpointed backward beside another thread's
+    # forwards against a plain one, executor.profiler.measure_engine_interpreter_share)
+    "threads_ckpt_hooks": lambda p, c: (
+        (_with_hook_shares(_with_autograd_nodes(_with_host_shares(_without_law(p)))), _threads(c))
+        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
 }
+
+
+def _with_hook_shares(profile: Profile) -> Profile:
+    """``profile`` with ``meta["engine_interpreter_share"]`` assumed where it has none: a
+    plain backward none of its seconds on autograd's thread (C++), a checkpointed one all
+    (its unpack hooks wait their turn for the interpreter at every saved tensor)."""
+    if "engine_interpreter_share" in profile.meta:
+        return profile
+    shares = {str(b): {"B": 0.0, "Bc": 1.0} for b in profile.micro_batch_sizes}
+    return Profile(profile.table, {**profile.meta, "engine_interpreter_share": shares},
+                   profile.source)
 
 
 def _with_autograd_nodes(profile: Profile) -> Profile:

@@ -85,6 +85,10 @@ class StageCost:
     #: autograd's one engine thread for that device, which the threads of a process share
     host_fwd_share: float = 1.0
     host_bwd_share: float = 1.0
+    #: share of the backward's seconds on autograd's device thread that also holds the
+    #: interpreter (torch.utils.checkpoint's unpack hooks, where checkpointed):
+    #: :meth:`pipesim.profile.Profile.engine_interpreter_share`
+    engine_interpreter_share: float = 0.0
 
 
 class PlanCosts:
@@ -146,6 +150,8 @@ class PlanCosts:
                         interpreter_bwd_slowdown=slow["Bc" if ckpt else "B"],
                         host_fwd_share=span.host_fwd_share,
                         host_bwd_share=span.host_bwd_share,
+                        engine_interpreter_share=profile.engine_interpreter_share(size)[
+                            1 if ckpt else 0],
                         freed_first_bytes=span.output_bytes if ckpt and loss_stage else 0.0,
                         bwd_input_s=span.bwd_input_s,
                         ckpt_fwd_extra_s=span.ckpt_fwd_extra_s if ckpt else 0.0,

@@ -76,6 +76,15 @@ take twice one alone if they simply take turns; a pass whose Python is cut into 
 short sections (the checkpoint's hooks) takes longer still, each section waiting for the
 lock anew: ``meta["interpreter_slowdown"]`` (same shape, values >= 1: half the measured
 ratio where it exceeds 2) is that extra factor, :meth:`Profile.interpreter_slowdown`.
+On an accelerator autograd's device thread issues the backwards, outside the interpreter
+-- but for torch.utils.checkpoint's unpack hooks, Python run for every saved tensor the
+backward reads: ``meta["engine_interpreter_share"]`` maps a size to ``{"B": h, "Bc":
+h}``, the share of a plain / checkpointed backward's seconds there that holds the
+interpreter too, read off that backward run beside another thread's forwards
+(:meth:`Profile.engine_interpreter_share`; 0 where not measured)::
+
+    worker 0   F F F F F F F F            its forwards hold the interpreter
+    engine     B(c): |==h==|....|==h==|   each hook waits for its turn
 
 Timing layers one at a time costs something a stage does not pay (each layer's own
 autograd call, cold caches between layers): summed, per-layer times exceed the measured
@@ -198,6 +207,7 @@ class Profile:
         self.stream_speedup(1.0)  # and the measured concurrency law, if any
         self.interpreter_share(1.0)  # and the measured interpreter shares, if any
         self.interpreter_slowdown(1.0)
+        self.engine_interpreter_share(1.0)
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -486,9 +496,9 @@ class Profile:
         return None if table is None else _at_size(table, micro_batch)
 
     def _measured_by_size(self, key: str) -> list[tuple[float, list[float]]] | None:
-        """``meta[key]`` (``stream_speedup``, ``interpreter_share`` or
-        ``interpreter_slowdown``) parsed, validated and sorted by micro-batch size, once;
-        None where it was not measured."""
+        """``meta[key]`` (``stream_speedup``, ``interpreter_share``,
+        ``interpreter_slowdown`` or ``engine_interpreter_share``) parsed, validated and
+        sorted by micro-batch size, once; None where it was not measured."""
         cache = self.__dict__.setdefault("_by_size", {})
         if key in cache:
             return cache[key]
@@ -503,11 +513,15 @@ class Profile:
                     parsed = sorted((float(size), [float(v[k]) for k in _SHARE_KINDS if
                                                    k in v or k in ("F", "B")])
                                     for size, v in table.items())
+                elif key == "engine_interpreter_share":  # B and Bc, 0 where not measured
+                    parsed = sorted((float(size), [float(v.get(k, 0.0)) for k in ("B", "Bc")])
+                                    for size, v in table.items())
                 else:  # a slowdown per kind, 1 where not measured
                     parsed = sorted((float(size), [float(v.get(k, 1.0)) for k in _SHARE_KINDS])
                                     for size, v in table.items())
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 shape = ("a list of speedups" if key == "stream_speedup"
+                         else "{'B': share, 'Bc': share}" if key == "engine_interpreter_share"
                          else "{'F': share, 'B': share[, 'Fc': share, 'Bc': share]}")
                 raise ProfileError(f"{self.source}: meta['{key}'] must map a micro-batch size "
                                    f"to {shape}, got {table!r}") from exc
@@ -516,7 +530,8 @@ class Profile:
                         not values or any(not 1.0 <= v <= k + 1 for k, v in enumerate(values))):
                     raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = {values}: "
                                        "each s_k must lie in [1, k]")
-                if key == "interpreter_share" and not all(0.0 <= v <= 1.0 for v in values):
+                if (key in ("interpreter_share", "engine_interpreter_share")
+                        and not all(0.0 <= v <= 1.0 for v in values)):
                     raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
                                        f"{tuple(values)}: shares lie in [0, 1]")
                 if key == "interpreter_slowdown" and not all(v >= 1.0 for v in values):
@@ -539,6 +554,17 @@ class Profile:
             return None
         forward, backward = _at_size(table, micro_batch)[:2]
         return forward, backward
+
+    def engine_interpreter_share(self, micro_batch: float) -> tuple[float, float]:
+        """``(plain, checkpointed)``: the share of a backward's seconds on autograd's
+        device thread that also holds the interpreter (``meta["engine_interpreter_share"]``,
+        see the module doc), linear between the measured sizes; ``(0, 0)`` where not
+        measured: the engine runs a backward in C++, outside the interpreter."""
+        table = self._measured_by_size("engine_interpreter_share")
+        if table is None:
+            return 0.0, 0.0
+        plain, checkpointed = _at_size(table, micro_batch)[:2]
+        return plain, checkpointed
 
     def interpreter_slowdown(self, micro_batch: float) -> dict[str, float]:
         """Per pass (``F``, ``B``, ``Fc``, ``Bc``), how much slower than its turn it runs

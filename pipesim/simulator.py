@@ -64,6 +64,10 @@ so it takes turns with the other threads' forwards, and the backward proper foll
     worker 1   B(1, m)    |R--==--==|=B=====|    R: its recomputation, engine and
     interpreter           0 0 1 0 1 0 1          interpreter both, in turn with F
 
+and where the profile measured it (:meth:`pipesim.profile.Profile.engine_interpreter_share`),
+the backward proper holds the interpreter too for that share of its seconds: the
+checkpoint's unpack hooks, Python run for each saved tensor it reads.
+
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
     static      parameters + optimizer state, from time 0
@@ -349,8 +353,13 @@ class _Run:
                                         step.interpreter_slowdown)])
                     seconds, held = seconds - r, max(held - r_held, 0.0)
                     recomputed = env.now
-                yield simpy.AllOf(env, [progress(seconds, step.host_slowdown),
-                                        engine.run(held, step.interpreter_slowdown, priority)])
+                proper = [progress(seconds, step.host_slowdown),
+                          engine.run(held, step.interpreter_slowdown, priority)]
+                if interpreter is not None and step.engine_hooks_s:
+                    # the checkpoint's unpack hooks: Python, in turn with the other threads
+                    proper.append(interpreter.run(step.engine_hooks_s * scale,
+                                                  step.interpreter_slowdown))
+                yield simpy.AllOf(env, proper)
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)

@@ -60,6 +60,9 @@ class Step(NamedTuple):
     #: autograd's thread), and of those the seconds it holds the process's interpreter
     engine_recompute_s: float = 0.0
     engine_interpreter_s: float = 0.0
+    #: of ``engine_s`` less the recomputation's, those it also holds the process's
+    #: interpreter (a checkpointed backward's unpack hooks are Python)
+    engine_hooks_s: float = 0.0
     #: how much slower it runs while another rank of its host computes, where the cluster
     #: measured its span in place (:attr:`pipesim.cluster.Cluster.host_slowdowns`; 1: the
     #: host law's ``host_contention`` alone, or a measured duration)
@@ -252,8 +255,10 @@ class StepBuilder:
         # torch.utils.checkpoint runs from it (a split backward's I re-runs the forward on
         # the worker's own thread first)
         engine = (seconds - recompute) * c.host_bwd_share
-        engine_recompute = engine_held = 0.0
+        engine_recompute = engine_held = hooks = 0.0
         if kind == BACKWARD:
+            # the backward proper's Python on autograd's thread (the checkpoint's hooks)
+            hooks = engine * c.engine_interpreter_share
             engine_recompute = recompute * c.host_fwd_share
             engine += engine_recompute
             # the recomputation is a forward in Python, issued from autograd's thread: it
@@ -263,6 +268,7 @@ class StepBuilder:
             factor = measured / seconds if seconds else 1.0
             engine, engine_recompute = engine * factor, engine_recompute * factor
             seconds, recompute, held, engine_held = measured, min(recompute, measured), 0.0, 0.0
+            hooks = 0.0
         recv = c.output_bytes if s < n - 1 and self._crosses(s + 1, device) else 0.0
         return Step(s, kind, waits, seconds, recompute, alloc_start, alloc_end, send,
                      release=release, recv_bytes=recv,
@@ -271,6 +277,7 @@ class StepBuilder:
                      recompute_bytes=c.recompute_bytes - in_place,
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
+                     engine_hooks_s=hooks,
                      host_slowdown=slow, idle_curve=idle, gap_s=gap)
 
     def idle_curve(self, stage: int, mb: int, kind: str) -> tuple[tuple[float, float], ...]:

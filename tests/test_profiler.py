@@ -147,6 +147,34 @@ def test_profile_with_streams_measures_the_concurrency_law_at_each_size(tmp_path
         [1.0, (law["2"][1] + law["4"][1]) / 2])
 
 
+def test_hook_share_reads_what_a_checkpointed_backward_loses_beside_forwards():
+    from executor.profiler import hook_share
+
+    # forwards holding the interpreter wholly (g = 1); a plain backward beside them slows
+    # 1.2x (its device shared); the checkpointed one's recomputation is 40% of it and
+    # holds the interpreter wholly, its hooks half of the rest: 1.2 (1 + 0.4 + 0.3)
+    assert hook_share(1.2, 1.2 * 1.7, 0.4, 1.0, 1.0) == pytest.approx(0.5)
+    # forwards holding half of it: every hold costs half as much
+    assert hook_share(1.0, 1.0 + 0.5 * (0.4 + 0.6), 0.4, 0.5, 1.0) == pytest.approx(1.0)
+    assert hook_share(1.0, 0.9, 0.4, 1.0, 1.0) == 0.0  # noise under the plain: none
+    assert hook_share(1.0, 5.0, 0.4, 1.0, 1.0) == 1.0  # at most all of it
+    assert hook_share(1.0, 1.5, 0.4, 0.1, 1.0) is None  # forwards too free to tell
+
+
+def test_engine_interpreter_share_is_measured_beside_another_threads_forwards():
+    from executor.profiler import measure_engine_interpreter_share, measure_interpreter_share
+
+    module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
+    shares, _ = measure_interpreter_share(module, loss_fn, x, y, "cpu", iterations=5, trials=1)
+    got = measure_engine_interpreter_share(module, loss_fn, x, y, "cpu",
+                                           {**shares, "F": max(shares["F"], 0.5)},
+                                           iterations=5, trials=1, min_seconds=0.01)
+    assert got is not None and got["B"] == 0.0 and 0.0 <= got["Bc"] <= 1.0
+    # forwards that hold too little of the interpreter cannot tell a hook's hold
+    assert measure_engine_interpreter_share(module, loss_fn, x, y, "cpu", {"F": 0.1},
+                                            iterations=5, trials=1, min_seconds=0.01) is None
+
+
 def test_profile_with_interpreter_measures_each_kinds_share_at_each_size(tmp_path):
     module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
     prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0,

@@ -198,6 +198,18 @@ def test_alone_scale_recovers_the_costs_a_run_had_alone():
     assert again == pytest.approx(metrics(measured).iteration_time_s)
 
 
+def test_cost_biases_pool_each_stages_alone_ratio_over_runs():
+    from experiments.error_decomposition import cost_biases
+
+    rows = [{"source": "cpu", "model": "mlp/float32", "first": 0, "stop": 2, "kind": "F",
+             "micro_batch": 4, "checkpointed": False, "scale": s} for s in (1.2, 1.25, 1.3)]
+    rows.append({**rows[0], "kind": "B", "scale": float("nan")})  # never alone: left out
+    got = cost_biases(pd.DataFrame(rows))
+    assert len(got) == 1 and got.groups.iloc[0] == 3
+    assert got.bias_pct.iloc[0] == pytest.approx(25.0)
+    assert 0 < got.scatter_pct.iloc[0] < 5
+
+
 def test_replay_on_a_shared_gpu_does_not_share_the_device_again():
     """A run's durations already hold what sharing the GPU did to them: replaying a
     trace of that very cluster gives it back, not a second slowdown."""
@@ -1094,6 +1106,43 @@ def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the
         str(b): {"F": 1.0, "B": 0.0, "Fc": 0.0, "Bc": 0.0} for b in prof.micro_batch_sizes}})
     r = simulate(free, plan, gpu).actions.query("kind == 'R'")
     assert (r.end - r.start).tolist() == pytest.approx([F] * 4)
+
+
+def test_a_checkpointed_backwards_hooks_take_turns_with_the_other_threads_forwards():
+    # checkpointed, every pass issued wholly from the host: the backward proper on
+    # autograd's thread overlaps stage 1's next forward.  Its unpack hooks holding the
+    # interpreter (share 1) make the two take turns; held by no one (0, or not measured:
+    # the engine's C++), they overlap; workers as processes of their own share nothing
+    gpu, apart = _two_threads_on_a_gpu()
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0)
+    base = {**prof.meta, "interpreter_share": {
+        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
+
+    def with_hooks(share: float | None) -> Profile:
+        meta = dict(base)
+        if share is not None:
+            meta["engine_interpreter_share"] = {str(b): {"Bc": share}
+                                                for b in prof.micro_batch_sizes}
+        return Profile(prof.table, meta)
+
+    plan = Plan([1, 1], 4, 4, checkpoint="always", schedule="1f1b")
+
+    def iteration(share: float | None, cluster: Cluster) -> float:
+        return metrics(simulate(with_hooks(share), plan, cluster)).iteration_time_s
+
+    assert iteration(0.0, gpu) == iteration(None, gpu)
+    assert iteration(1.0, gpu) > iteration(0.0, gpu)
+    assert iteration(1.0, apart) == pytest.approx(iteration(0.0, apart))
+    # a plain backward's share is read apart (0 unless measured), and validated
+    assert with_hooks(0.7).engine_interpreter_share(1) == (0.0, 0.7)
+    assert prof.engine_interpreter_share(1) == (0.0, 0.0)
+    from pipesim.errors import ProfileError
+    with pytest.raises(ProfileError, match=r"engine_interpreter_share.*\[0, 1\]"):
+        Profile(prof.table, {"engine_interpreter_share": {"1": {"Bc": 1.5}}})
+    # a replay's measured durations hold their turns already
+    durations = {(s, k, m): 1.0 for s in (0, 1) for k in "FB" for m in range(4)}
+    replays = [simulate(with_hooks(h), plan, gpu, durations=durations) for h in (0.0, 1.0)]
+    assert metrics(replays[0]).iteration_time_s == metrics(replays[1]).iteration_time_s
 
 
 def test_host_shares_come_from_the_host_columns_and_default_to_the_whole_action():
