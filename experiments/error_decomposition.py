@@ -30,6 +30,9 @@ newest GPU variant of :mod:`experiments.repredict_evidence`), the project's GPU 
 its own source, ``cpu_COMMIT``).
 
     python experiments/error_decomposition.py [--sources traces,gpu,cpu] [--run DIR | --git N]
+        [--tag cpu] [--name error_decomposition]
+e.g. the 16-core grid of the GPU machine's host: ``--sources cpu --run
+experiments/results/gpu --tag cpu_4stages --name error_decomposition_cpu16``.
 Writes experiments/results/error_decomposition.csv (one row per plan),
 error_decomposition_summary.csv (median and max |error| per source, model and dtype) and
 error_decomposition_costs.csv (:func:`cost_biases`: what each stage's actions cost alone
@@ -173,6 +176,9 @@ def main() -> None:
     ap.add_argument("--sources", default="traces,gpu,cpu")
     ap.add_argument("--run", type=Path, default=RESULTS, help="a validate.py results folder")
     ap.add_argument("--tag", default="cpu")
+    ap.add_argument("--name", default="error_decomposition",
+                    help="what the result files are called (NAME.csv, NAME_summary.csv, "
+                         "NAME_costs.csv)")
     ap.add_argument("--git", type=int, default=0, metavar="N",
                     help="the CPU source: the last N grids committed (those that kept their "
                          "actions), in place of --run")
@@ -206,16 +212,16 @@ def main() -> None:
     with pd.option_context("display.width", 200, "display.max_columns", 30):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     meta = {**machine(), "sources": args.sources, "run": str(args.run), "gpu_variant": GPU_VARIANT}
-    write_results("error_decomposition", table, meta)
+    write_results(args.name, table, meta)
     biases = cost_biases(pd.concat(costs, ignore_index=True))
-    write_results("error_decomposition_costs", biases, meta)
+    write_results(f"{args.name}_costs", biases, meta)
     with pd.option_context("display.width", 200, "display.max_rows", 60):
         for source, part in biases[biases.groups >= 3].groupby("source"):
             print(f"{source}: the alone costs furthest from the prediction (median over "
                   "plans and runs, >= 3 of them)")
             print(part.sort_values("bias_pct", key=abs, ascending=False).head(8)
                   .to_string(index=False, float_format=lambda v: f"{v:.3g}"))
-    path = write_results("error_decomposition_summary", summary, meta)
+    path = write_results(f"{args.name}_summary", summary, meta)
     print(f"wrote {path}")
 
 
