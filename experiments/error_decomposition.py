@@ -56,12 +56,11 @@ import pandas as pd
 from experiments import repredict_evidence as evidence
 from experiments.common import RESULTS, machine, write_results
 from experiments.grid_history import committed_runs
-from experiments.validation import replay_error, saved_grid
+from experiments.validation import replay_error, saved_grid, with_alone_costs
 from pipesim.cluster import Cluster
-from pipesim.compare import alone_scale
 from pipesim.plan import Plan
 from pipesim.profile import Profile
-from pipesim.simulator import Jitter, simulate
+from pipesim.simulator import simulate
 from pipesim.trace import COMPUTE_KINDS, Trace, metrics
 
 #: where a validate.py run keeps its measured actions
@@ -80,20 +79,23 @@ def decompose(profile: Profile, plan: Plan, cluster: Cluster, measured: Trace,
     ``costs``, if given, receives the plan's :func:`pipesim.compare.alone_scale` table,
     each stage's layers beside it (``first``, ``stop``)."""
     predicted = simulate(profile, plan, cluster, track_memory=False)
-    scale, table = alone_scale(predicted, measured, plan)
+    alone, table = with_alone_costs(profile, plan, cluster, predicted, measured)
     if costs is not None:
         spans = [plan.stage_layers(s) for s in range(plan.n_stages)]
         costs.append(table.assign(first=[spans[s].start for s in table.stage],
                                   stop=[spans[s].stop for s in table.stage]))
-    scaled = simulate(profile, plan, cluster, track_memory=False, jitter=Jitter(scale=scale))
     measured_ms = 1e3 * metrics(measured).iteration_time_s
     a = measured.actions[measured.actions["kind"].isin(COMPUTE_KINDS)]
     seconds = (a["end"] - a["start"]).to_numpy()
-    has = np.array([(s, k, m) in scale for s, k, m in
-                    a[["stage", "kind", "microbatch"]].itertuples(index=False)])
+    # (the groups of actions that had a factor: stage, kind, size, checkpointed)
+    scaled = {(int(r.stage), str(r.kind), int(r.micro_batch), bool(r.checkpointed))
+              for r in table.itertuples() if np.isfinite(r.scale)}
+    sizes = plan.micro_batch_sizes
+    has = np.array([(int(s), str(k), sizes[int(m)], plan.checkpointed(int(m))) in scaled
+                    for s, k, m in a[["stage", "kind", "microbatch"]].itertuples(index=False)])
     return {"measured_ms": measured_ms,
             "predicted_ms": 1e3 * metrics(predicted).iteration_time_s,
-            "alone_costs_ms": 1e3 * metrics(scaled).iteration_time_s,
+            "alone_costs_ms": 1e3 * alone,
             "replay_ms": measured_ms * (1 + replay_error(profile, plan, measured, cluster)),
             "scaled_share": float(seconds[has].sum() / seconds.sum()) if seconds.sum() else 0.0,
             "alone_scale_median": float(table["scale"].median()) if len(table) else np.nan}

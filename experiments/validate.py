@@ -10,7 +10,9 @@
 4. print median/max |error| of iteration time, bubble error, Spearman rank correlation
    of throughput, the tuner's regret (in the grid, and confirmed: the best-predicted and
    the best-measured plan re-run side by side, :func:`experiments.validation.confirm_choice`),
-   and the replay check.
+   the replay check, and the error left with each action at the cost it had alone in the
+   run (``alone_costs_*``: what of the error is the model's sharing rather than its costs,
+   :func:`experiments.validation.with_alone_costs`).
 
     python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick] [--no-pin]
 Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and figures.

@@ -20,10 +20,10 @@ import pandas as pd
 
 from pipesim.balance import min_max_partition
 from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
-from pipesim.compare import compare
+from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
-from pipesim.simulator import simulate
+from pipesim.simulator import Jitter, simulate
 from pipesim.trace import Trace, metrics
 
 Measure = Callable[[list[Plan]], list[Trace]]
@@ -87,12 +87,16 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
                       measured: list[Trace], label: str,
                       ablations: dict[str, tuple[Profile, Cluster]] | None = None
                       ) -> pd.DataFrame:
-    """The table of :func:`predict_and_measure` for runs already measured."""
+    """The table of :func:`predict_and_measure` for runs already measured; beside the
+    prediction, ``alone_costs_ms``: the same model with each action at the cost it had
+    where it ran alone in the run (:func:`pipesim.compare.alone_scale`; not a prediction:
+    what error is left once the actions cost what they did, the model's sharing's)."""
     rows = []
     for plan, trace in zip(plans, measured, strict=True):
         predicted = simulate(profile, plan, cluster)
         cmp = compare(predicted, trace)
         it = cmp.iteration.set_index("metric")
+        alone, _ = with_alone_costs(profile, plan, cluster, predicted, trace)
         rows.append({
             **_plan_columns(label, plan),
             "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
@@ -105,10 +109,22 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
             "peak_pred_bytes": it.loc["peak_memory_bytes", "predicted"],
             "peak_meas_bytes": it.loc["peak_memory_bytes", "measured"],
             "action_duration_error_pct": 100 * cmp.actions["duration_rel_error"].median(),
+            "alone_costs_ms": 1e3 * alone,
             **{f"predicted_ms_{name}": 1e3 * metrics(simulate(p, plan, c, track_memory=False))
                .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
     return pd.DataFrame(rows)
+
+
+def with_alone_costs(profile: Profile, plan: Plan, cluster: Cluster, predicted: Trace,
+                     measured: Trace) -> tuple[float, pd.DataFrame]:
+    """Iteration seconds of ``plan`` simulated with each action at the cost it had where it
+    ran alone in ``measured`` against ``predicted`` (:func:`pipesim.compare.alone_scale`,
+    whose table comes back beside them): the model's sharing, gaps and schedule with the
+    run's own costs."""
+    scale, table = alone_scale(predicted, measured, plan)
+    trace = simulate(profile, plan, cluster, track_memory=False, jitter=Jitter(scale=scale))
+    return metrics(trace).iteration_time_s, table
 
 
 def _plan_columns(label: str, plan: Plan) -> dict:
@@ -181,6 +197,10 @@ def summarise(table: pd.DataFrame) -> dict:
         chosen = part.loc[part.throughput_pred.idxmax()]
         regrets.append(1 - chosen.throughput_meas / part.throughput_meas.max())
     out["tuner_regret_pct"] = float(100 * np.max(regrets))
+    if "alone_costs_ms" in table:
+        alone = (100 * (table["alone_costs_ms"] / table["measured_ms"] - 1)).abs()
+        out["alone_costs_median_abs_error_pct"] = float(alone.median())
+        out["alone_costs_max_abs_error_pct"] = float(alone.max())
     floor = noise_floor(table)
     if floor is not None:
         out["noise_floor_median_pct"], out["noise_floor_max_pct"] = floor
@@ -456,6 +476,9 @@ def per_model_figures(table: pd.DataFrame, traces: list[Trace]) -> dict[str, flo
     err = table["error_pct"].abs()
     out = {"plans": len(table), "median_abs_error_pct": float(err.median()),
            "max_abs_error_pct": float(err.max())}
+    if "alone_costs_ms" in table:  # with the run's own costs alone: the sharing's error
+        alone = (100 * (table["alone_costs_ms"] / table["measured_ms"] - 1)).abs()
+        out["alone_costs_median_abs_error_pct"] = float(alone.median())
     noise = pass_noise(traces)
     if noise is not None:
         out["pass_noise_median_pct"], out["pass_noise_max_pct"] = noise

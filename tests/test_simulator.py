@@ -210,6 +210,23 @@ def test_cost_biases_pool_each_stages_alone_ratio_over_runs():
     assert 0 < got.scatter_pct.iloc[0] < 5
 
 
+def test_a_grid_reports_its_error_with_the_runs_own_costs_alone():
+    """validate.py's table: beside the prediction, the same model with each action at the
+    cost it had alone in the run -- here the whole of the error, which is stage 0's."""
+    from experiments.validation import predicted_against, summarise
+
+    prof = uniform_profile(2, fwd_s=F, bwd_s=B)
+    plans = [Plan([1, 1], m, 4, checkpoint="never", schedule="gpipe") for m in (2, 4)]
+    truth = {(0, k, mb): 1.3 for k in "FB" for mb in range(4)}
+    measured = [simulate(prof, p, iterations=2, jitter=Jitter(scale=truth)) for p in plans]
+    table = predicted_against(prof, plans, Cluster.free(2), measured, "uniform")
+    assert (table.predicted_ms < table.measured_ms).all()
+    assert table.alone_costs_ms.to_numpy() == pytest.approx(table.measured_ms.to_numpy())
+    figures = summarise(table)
+    assert figures["alone_costs_median_abs_error_pct"] == pytest.approx(0.0, abs=1e-6)
+    assert figures["median_abs_error_pct"] > 5
+
+
 def test_replay_on_a_shared_gpu_does_not_share_the_device_again():
     """A run's durations already hold what sharing the GPU did to them: replaying a
     trace of that very cluster gives it back, not a second slowdown."""
