@@ -582,7 +582,7 @@ def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
                   iterations: int) -> float:
     """Wall seconds of ``len(steps)`` threads, each with its own stream on a GPU, running
     its step ``iterations`` times, started together (each thread's first step is set-up)."""
-    start = threading.Barrier(len(steps) + 1)
+    start = threading.Barrier(len(steps) + 1, timeout=600)  # a failed thread: no hang
 
     def work(index: int, step: Callable[[], object]) -> None:
         stream = _side_stream(device, index) if device.type == "cuda" else None
@@ -610,7 +610,8 @@ def _beside_wall(main: Callable[[], object], other: Callable[[], object],
                  device: torch.device, iterations: int) -> float:
     """Wall seconds of ``main`` run ``iterations`` times on one thread while another
     thread runs ``other`` over and over until it is done (each its own stream on a GPU)."""
-    start, done = threading.Barrier(3), threading.Event()
+    # (a thread that fails before the start breaks the barrier for the others: no hang)
+    start, done = threading.Barrier(3, timeout=600), threading.Event()
 
     def work(index: int, step: Callable[[], object], count: int | None) -> None:
         stream = _side_stream(device, index) if device.type == "cuda" else None
