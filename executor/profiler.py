@@ -579,39 +579,13 @@ def _side_stream(device: torch.device, index: int) -> torch.cuda.Stream:
 
 
 def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
-                  iterations: int) -> float:
+                  iterations: int, background: Callable[[], object] | None = None) -> float:
     """Wall seconds of ``len(steps)`` threads, each with its own stream on a GPU, running
-    its step ``iterations`` times, started together (each thread's first step is set-up)."""
-    start = threading.Barrier(len(steps) + 1, timeout=600)  # a failed thread: no hang
-
-    def work(index: int, step: Callable[[], object]) -> None:
-        stream = _side_stream(device, index) if device.type == "cuda" else None
-        ctx = torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext()
-        with ctx:
-            step()
-            synchronize(device)
-            start.wait()
-            for _ in range(iterations):
-                step()
-            synchronize(device)
-
-    threads = [threading.Thread(target=work, args=(i, step), daemon=True)
-               for i, step in enumerate(steps)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join(timeout=600)
-    return time.perf_counter() - t0
-
-
-def _beside_wall(main: Callable[[], object], other: Callable[[], object],
-                 device: torch.device, iterations: int) -> float:
-    """Wall seconds of ``main`` run ``iterations`` times on one thread while another
-    thread runs ``other`` over and over until it is done (each its own stream on a GPU)."""
+    its step ``iterations`` times, started together (each thread's first step is set-up);
+    with ``background``, one more thread runs that over and over until they are done."""
     # (a thread that fails before the start breaks the barrier for the others: no hang)
-    start, done = threading.Barrier(3, timeout=600), threading.Event()
+    start, done = threading.Barrier(len(steps) + 2 if background else len(steps) + 1,
+                                    timeout=600), threading.Event()
 
     def work(index: int, step: Callable[[], object], count: int | None) -> None:
         stream = _side_stream(device, index) if device.type == "cuda" else None
@@ -628,16 +602,20 @@ def _beside_wall(main: Callable[[], object], other: Callable[[], object],
                     step()
             synchronize(device)
 
-    threads = [threading.Thread(target=work, args=(0, main, iterations), daemon=True),
-               threading.Thread(target=work, args=(1, other, None), daemon=True)]
-    for t in threads:
+    timed = [threading.Thread(target=work, args=(i, step, iterations), daemon=True)
+             for i, step in enumerate(steps)]
+    behind = ([threading.Thread(target=work, args=(len(steps), background, None), daemon=True)]
+              if background else [])
+    for t in timed + behind:
         t.start()
     start.wait()
     t0 = time.perf_counter()
-    threads[0].join(timeout=600)
+    for t in timed:
+        t.join(timeout=600)
     wall = time.perf_counter() - t0
     done.set()
-    threads[1].join(timeout=600)
+    for t in behind:
+        t.join(timeout=600)
     return wall
 
 
@@ -691,7 +669,7 @@ def measure_engine_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.
         n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
         alone.append(statistics.median(_threads_wall([step], dev, n) / n for _ in range(trials)))
         ratios.append(statistics.median(
-            _beside_wall(step, forward, dev, n) / _threads_wall([step], dev, n)
+            _threads_wall([step], dev, n, background=forward) / _threads_wall([step], dev, n)
             for _ in range(trials)))
     # the recomputation's share of the checkpointed backward: what it costs over a plain one
     recompute_share = min(max(1 - alone[0] / alone[1], 0.0), 0.95)

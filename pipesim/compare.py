@@ -170,7 +170,7 @@ def alone_scale(predicted: Trace, measured: Trace, plan: Plan, tolerance: float 
     factor = {(int(r.stage), str(r.kind), int(r.micro_batch), bool(r.checkpointed)): float(r.scale)
               for r in table.itertuples() if np.isfinite(r.scale) and r.scale > 0}
     scale = {}
-    for s, kind, m in (a for a in _actions_of(predicted)):
+    for s, kind, m in _actions_of(predicted):
         f = factor.get((s, kind, sizes[m], plan.checkpointed(m)))
         if f is not None:
             scale[(s, kind, m)] = f
