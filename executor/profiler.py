@@ -643,7 +643,7 @@ def hook_share(plain_ratio: float, checkpointed_ratio: float, recompute_share: f
 
 def measure_engine_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
                                      y: torch.Tensor, device: str | torch.device,
-                                     shares: dict[str, float], iterations: int = 20,
+                                     shares: dict[str, float], iterations: int = 10,
                                      trials: int = 3, min_seconds: float = 0.05
                                      ) -> dict[str, float] | None:
     """``meta["engine_interpreter_share"]`` at one size: ``{"B": 0, "Bc": h}``.
