@@ -15,6 +15,7 @@ over iterations of each action's start and duration (times from its iteration's 
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -66,12 +67,7 @@ class Comparison:
 
 def compare(predicted: Trace, measured: Trace) -> Comparison:
     """Join ``predicted`` and ``measured`` by (stage, micro-batch, kind); see module doc."""
-    dicts = [t.meta.get("plan") for t in (predicted, measured)]
-    if dicts[0] and dicts[1]:
-        a, b = Plan.from_dict(dicts[0]), Plan.from_dict(dicts[1])
-        if any(getattr(a, f) != getattr(b, f) for f in Plan.SCHEDULE_FIELDS):
-            raise PlanError(f"the traces are of different plans: predicted {a.label()}, "
-                            f"measured {b.label()}")
+    _check_same_plan(predicted, measured)
     pm, mm = metrics(predicted), metrics(measured)
     p, m = _per_action(predicted), _per_action(measured)
     missing = set(map(tuple, m[_KEY].to_numpy())) ^ set(map(tuple, p[_KEY].to_numpy()))
@@ -149,6 +145,7 @@ def alone_scale(predicted: Trace, measured: Trace, plan: Plan, tolerance: float 
     kind, micro_batch, checkpointed, measured_s, predicted_s, measured_n, predicted_n,
     scale``.
     """
+    _check_same_plan(predicted, measured, plan)
     sizes = plan.micro_batch_sizes
 
     def alone(trace: Trace) -> pd.DataFrame:
@@ -182,6 +179,20 @@ def _actions_of(trace: Trace) -> set[tuple[int, str, int]]:
     a = trace.actions[trace.actions["kind"].isin(COMPUTE_KINDS)]
     return {(int(s), str(k), int(m)) for s, k, m in
             a[["stage", "kind", "microbatch"]].drop_duplicates().itertuples(index=False)}
+
+
+def _check_same_plan(predicted: Trace, measured: Trace, plan: Plan | None = None) -> None:
+    """Raise :class:`PlanError` where the traces (and ``plan``, if given) are not of one
+    schedule, as far as their metadata tell."""
+    named = [(name, Plan.from_dict(d)) for name, d in
+             (("predicted", predicted.meta.get("plan")), ("measured", measured.meta.get("plan")))
+             if d]
+    if plan is not None:
+        named.append(("the plan given", plan))
+    for (name_a, a), (name_b, b) in itertools.pairwise(named):
+        if any(getattr(a, f) != getattr(b, f) for f in Plan.SCHEDULE_FIELDS):
+            raise PlanError(f"the traces are of different plans: {name_a} {a.label()}, "
+                            f"{name_b} {b.label()}")
 
 
 def _schedule_position(times: np.ndarray, spans: np.ndarray) -> np.ndarray:

@@ -196,6 +196,13 @@ def test_alone_scale_recovers_the_costs_a_run_had_alone():
     assert scale[(0, "B", 2)] == pytest.approx(1.3)
     again = metrics(simulate(prof, plan, jitter=Jitter(scale=scale))).iteration_time_s
     assert again == pytest.approx(metrics(measured).iteration_time_s)
+    # traces of another schedule are refused, named
+    from pipesim.errors import PlanError
+    other = Plan([1, 1], 4, 4, checkpoint="never", schedule="1f1b")
+    with pytest.raises(PlanError, match="different plans"):
+        alone_scale(simulate(prof, other), measured, plan)
+    with pytest.raises(PlanError, match="1f1b"):
+        alone_scale(predicted, measured, other)
 
 
 def test_cost_biases_pool_each_stages_alone_ratio_over_runs():
