@@ -13,6 +13,7 @@ the presets below are starting points, not measurements.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -334,8 +335,7 @@ class Cluster:
         ``wakeup_curve`` adds at that wait."""
         if not self.wakeup_curve or idle <= 0:
             return self.wakeup_s
-        return self.wakeup_s + float(np.interp(idle, [p[0] for p in self.wakeup_curve],
-                                               [p[1] for p in self.wakeup_curve]))
+        return self.wakeup_s + read_curve(self.wakeup_curve, idle)
 
     def link_between(self, src: int, dst: int) -> Link:
         """The link from worker ``src`` to worker ``dst``; free on one physical device."""
@@ -488,6 +488,21 @@ class Cluster:
         except json.JSONDecodeError as exc:
             raise ClusterError(f"{path}: not valid JSON ({exc})") from None
         return cls.from_dict(data, source=str(path))
+
+
+def read_curve(points: tuple[tuple[float, float], ...], x: float) -> float:
+    """``points`` ``((x, y), ...)`` (x increasing) read at ``x``: linear between them, the
+    nearest one's ``y`` beyond them.  The simulator reads a worker's wake-up and idle
+    curves so at every action: each curve's columns are made once."""
+    xs, ys = _columns(points)
+    return float(np.interp(x, xs, ys))
+
+
+@functools.lru_cache(maxsize=1024)
+def _columns(points: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.ndarray]:
+    """The x and y columns of a curve's points, as arrays (cached: curves are tuples)."""
+    return (np.array([p[0] for p in points], dtype=float),
+            np.array([p[1] for p in points], dtype=float))
 
 
 def _span_at(rows: Sequence, first: int, stop: int, size: float,

@@ -107,7 +107,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from pipesim.cluster import Cluster
+from pipesim.cluster import Cluster, read_curve
 from pipesim.contention import ProcessorSharing, device_law, host_law, interpreter_law
 from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
@@ -323,9 +323,7 @@ class _Run:
             seconds = step.seconds
             if step.idle_curve and idled >= 0:
                 # what faded from the caches while the worker waited (Cluster.idle_costs)
-                curve = step.idle_curve
-                seconds = max(seconds + float(np.interp(start - idled, [p[0] for p in curve],
-                                                        [p[1] for p in curve])), 0.0)
+                seconds = max(seconds + read_curve(step.idle_curve, start - idled), 0.0)
             if jitter is not None and rng is not None:
                 seconds *= jitter.stragglers.get(w, 1.0)
                 if jitter.scale:
