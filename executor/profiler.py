@@ -667,10 +667,11 @@ def measure_engine_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.
     for step in (plain, recomputing):
         once = _threads_wall([step], dev, 5) / 5
         n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
-        alone.append(statistics.median(_threads_wall([step], dev, n) / n for _ in range(trials)))
-        ratios.append(statistics.median(
-            _threads_wall([step], dev, n, background=forward) / _threads_wall([step], dev, n)
-            for _ in range(trials)))
+        # (beside the forwards, then alone: each pair side by side, the alone one reused)
+        walls = [(_threads_wall([step], dev, n, background=forward),
+                  _threads_wall([step], dev, n)) for _ in range(trials)]
+        alone.append(statistics.median(a for _, a in walls) / n)
+        ratios.append(statistics.median(b / a for b, a in walls))
     # the recomputation's share of the checkpointed backward: what it costs over a plain one
     recompute_share = min(max(1 - alone[0] / alone[1], 0.0), 0.95)
     h = hook_share(ratios[0], ratios[1], recompute_share, shares["F"],
