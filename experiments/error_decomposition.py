@@ -56,7 +56,13 @@ import pandas as pd
 from experiments import repredict_evidence as evidence
 from experiments.common import RESULTS, machine, write_results
 from experiments.grid_history import committed_runs
-from experiments.validation import replay_error, saved_grid, with_alone_costs
+from experiments.validation import (
+    load_measured_actions,
+    measured_trace,
+    replay_error,
+    saved_grid,
+    with_alone_costs,
+)
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -112,34 +118,29 @@ def gpu_traces() -> Iterator[Run]:
 
 def gpu_grid() -> Iterator[Run]:
     """The project's GPU grid (two stages as threads on one H100), measured actions kept."""
-    actions = pd.read_csv(evidence.LATEST_GPU / "validation_gpu_actions.csv.gz")
-    runs = dict(iter(actions.groupby(["model", "plan"])))
+    runs = load_measured_actions(evidence.LATEST_GPU / "validation_gpu_actions.csv.gz")
     change = evidence.VARIANTS[GPU_VARIANT]
     for model, dtype, profile, cluster, plan, row in evidence._gpu_plans(evidence.LATEST_GPU):
         part = runs.get((row.model, plan.label()))
         changed = change(profile, cluster)
         if part is None or changed is None:
             continue
-        measured = Trace(part.reset_index(drop=True),
-                         meta={"plan": plan.to_dict(), "batch_size": plan.batch_size})
-        yield "gpu_grid", model, dtype, changed[0], changed[1], plan, measured
+        yield ("gpu_grid", model, dtype, changed[0], changed[1], plan,
+               measured_trace(part, plan))
 
 
 def cpu_grid(run: Path, tag: str) -> Iterator[Run]:
     """A ``validate.py`` grid, each model as today's model predicts it
     (:func:`experiments.validation.saved_grid`)."""
     grid = saved_grid(run, tag)
-    actions = pd.read_csv(run / ACTIONS.format(tag=tag))
-    runs = dict(iter(actions.groupby(["model", "plan"])))
+    runs = load_measured_actions(run / ACTIONS.format(tag=tag))
     for r in grid.table.itertuples():
         plan = grid.plan(r)
         part = runs.get((r.model, plan.label()))
         if part is None:
             continue
-        measured = Trace(part.reset_index(drop=True),
-                         meta={"plan": plan.to_dict(), "batch_size": plan.batch_size})
         yield (f"cpu_{run.name}", r.model, "float32", grid.profiles[r.model],
-               grid.clusters[r.model], plan, measured)
+               grid.clusters[r.model], plan, measured_trace(part, plan))
 
 
 def cost_biases(costs: pd.DataFrame) -> pd.DataFrame:

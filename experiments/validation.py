@@ -159,6 +159,19 @@ def save_measured_actions(path: Path, label: str, plans: list[Plan],
                  header=not path.exists())
 
 
+def load_measured_actions(path: Path) -> dict[tuple[str, str], pd.DataFrame]:
+    """What :func:`save_measured_actions` wrote, per ``(model, plan label)``: each plan's
+    measured actions (:func:`measured_trace` makes them a Trace again)."""
+    actions = pd.read_csv(path)
+    return {(str(model), str(plan)): part.drop(columns=["model", "plan"]).reset_index(drop=True)
+            for (model, plan), part in actions.groupby(["model", "plan"])}
+
+
+def measured_trace(actions: pd.DataFrame, plan: Plan) -> Trace:
+    """The measured Trace of ``plan`` from its saved actions (:func:`load_measured_actions`)."""
+    return Trace(actions, meta={"plan": plan.to_dict(), "batch_size": plan.batch_size})
+
+
 def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster) -> float:
     """Relative error of the simulator replaying the run's own median action durations.
 
