@@ -21,7 +21,9 @@ freed before the next): iteration time, and peak allocated memory against the al
 
 Each plan is predicted under every model variant (an ablation: one mechanism added at a
 time) and the table prints median and max |error| of iteration time (and bubble where a
-trace exists) per source, model and dtype.  Nothing is fitted to these plans: every
+trace exists) per source, model and dtype, beside the source's own noise floor (GPipe
+and 1F1B at one micro-batch run the same actions: :func:`noise_floors`).  Nothing is
+fitted to these plans: every
 number comes from the recorded profile and the calibration measured beside it.  The bf16
 runs were recorded with fresh worker threads each step (a defect of that executor: a
 thread's first bf16 matmul pays tens of ms), so they are reported apart and that defect
@@ -49,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
+from experiments.validation import noise_floor, plan_columns, predict_saved
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -295,9 +298,10 @@ def _variants(source: str, model: str, dtype: str, profile: Profile, cluster: Cl
         if changed is None:
             continue
         it, bubble = _predict(changed[0], plan, changed[1])
-        rows.append({"source": source, "model": model, "dtype": dtype, "plan": plan.label(),
-                     "variant": variant, "predicted_ms": it * 1e3, "measured_ms": measured_ms,
-                     "bubble_pred": bubble, "bubble_meas": bubble_meas})
+        rows.append({"source": source, **plan_columns(model, plan), "dtype": dtype,
+                     "plan": plan.label(), "variant": variant, "predicted_ms": it * 1e3,
+                     "measured_ms": measured_ms, "bubble_pred": bubble,
+                     "bubble_meas": bubble_meas})
     return rows
 
 
@@ -436,8 +440,6 @@ def cpu16_latest(_evidence: Path) -> list[dict]:
     machine's host): ``as_run``, the prediction the run made, and ``today``, the same plans
     predicted again from the run's own profiles and readings (``validate.py``'s
     :func:`experiments.validation.predict_saved`)."""
-    from experiments.validation import predict_saved
-
     rows = []
     for stages in (4, 8):
         tag = f"cpu_{stages}stages"
@@ -445,24 +447,43 @@ def cpu16_latest(_evidence: Path) -> list[dict]:
             continue
         table = predict_saved(LATEST_GPU, tag)
         for r in table.itertuples():
-            plan = _plan(str(r.balance), r.chunks, r.checkpoint, r.schedule).label()
+            plan = _plan(str(r.balance), r.chunks, r.checkpoint, r.schedule)
             for variant, predicted in (("as_run", r.predicted_ms), ("today", r.predicted_ms_now)):
-                rows.append({"source": f"cpu16_{stages}ranks_latest", "model": r.model,
-                             "dtype": "float32", "plan": plan, "variant": variant,
+                rows.append({"source": f"cpu16_{stages}ranks_latest",
+                             **plan_columns(r.model, plan), "dtype": "float32",
+                             "plan": plan.label(), "variant": variant,
                              "predicted_ms": predicted, "measured_ms": r.measured_ms,
                              "bubble_pred": r.bubble_pred, "bubble_meas": r.bubble_meas})
     return rows
 
 
+def noise_floors(table: pd.DataFrame) -> pd.DataFrame:
+    """Each source's, model's and dtype's own noise: median and max |difference| (%)
+    between GPipe and 1F1B at one micro-batch, which run the same actions in the same
+    order (:func:`experiments.validation.noise_floor`), so whatever sets them apart is
+    the machine.  An error under it cannot be told from noise; a target under it cannot
+    be met by any model.  NaN where a source has no such pair."""
+    rows = []
+    for (source, model, dtype), part in table.groupby(["source", "model", "dtype"], sort=False):
+        # measured_ms is the same under every variant: one variant's rows
+        floor = noise_floor(part[part.variant == part.variant.iloc[0]])
+        rows.append({"source": source, "model": model, "dtype": dtype,
+                     "noise_floor_median_pct": floor[0] if floor else np.nan,
+                     "noise_floor_max_pct": floor[1] if floor else np.nan})
+    return pd.DataFrame(rows)
+
+
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
+    """Median and max |error| (%) of iteration time per source, model, dtype and variant,
+    the median signed error and |bubble error|, and the source's :func:`noise_floors`."""
     t = table.assign(err=100 * (table.predicted_ms / table.measured_ms - 1),
                      bubble_err=(table.bubble_pred - table.bubble_meas).abs())
     out = t.groupby(["source", "model", "dtype", "variant"], sort=False).agg(
         plans=("err", "size"), median_abs_err_pct=("err", lambda e: e.abs().median()),
         max_abs_err_pct=("err", lambda e: e.abs().max()),
         median_signed_err_pct=("err", "median"),
-        median_abs_bubble_err=("bubble_err", "median"))
-    return out.reset_index()
+        median_abs_bubble_err=("bubble_err", "median")).reset_index()
+    return out.merge(noise_floors(table), on=["source", "model", "dtype"], how="left")
 
 
 def main() -> None:

@@ -98,7 +98,7 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
         it = cmp.iteration.set_index("metric")
         alone, _ = with_alone_costs(profile, plan, cluster, predicted, trace)
         rows.append({
-            **_plan_columns(label, plan),
+            **plan_columns(label, plan),
             "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
             "measured_ms": it.loc["iteration_time_s", "measured"] * 1e3,
             "error_pct": 100 * it.loc["iteration_time_s", "rel_error"],
@@ -127,8 +127,9 @@ def with_alone_costs(profile: Profile, plan: Plan, cluster: Cluster, predicted: 
     return metrics(trace).iteration_time_s, table
 
 
-def _plan_columns(label: str, plan: Plan) -> dict:
-    """The columns that name a grid's row: its model (``label``) and plan."""
+def plan_columns(label: str, plan: Plan) -> dict:
+    """The columns that name a grid's row: its model (``label``) and plan (``balance`` as
+    ``"3,3"``, ``chunks``, ``checkpoint``, ``schedule``), as :func:`noise_floor` reads them."""
     return {"model": label, "balance": ",".join(map(str, plan.balance)), "chunks": plan.chunks,
             "checkpoint": plan.checkpoint, "schedule": plan.schedule}
 
@@ -141,7 +142,7 @@ def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.D
     rows = []
     for plan, trace in zip(plans, measured, strict=True):
         m = metrics(trace)
-        rows.append({**_plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
+        rows.append({**plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
                      "bubble_meas": m.mean_bubble, "throughput_meas": m.throughput,
                      "peak_meas_bytes": max(m.peak_memory_bytes.values(), default=float("nan"))})
     return pd.DataFrame(rows)

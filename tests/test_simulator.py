@@ -1327,6 +1327,26 @@ def test_the_noise_floor_compares_one_schedule_measured_twice():
     assert noise_floor(pd.DataFrame(rows[:1] + rows[4:])) is None
 
 
+def test_each_recorded_source_reports_its_own_noise_floor_once_over_its_variants():
+    from experiments.repredict_evidence import summarise
+
+    def row(source, schedule, measured, variant, predicted):
+        return dict(source=source, model="mlp", dtype="float32", balance="4,5", chunks=1,
+                    checkpoint="never", schedule=schedule, plan=f"{schedule} m=1",
+                    variant=variant, predicted_ms=predicted, measured_ms=measured,
+                    bubble_pred=0.5, bubble_meas=0.5)
+
+    rows = [row("traces", s, m, v, 10.0) for s, m in (("gpipe", 10.0), ("1f1b", 12.0))
+            for v in ("recorded", "today")]
+    rows.append(row("cpu16", "gpipe", 10.0, "recorded", 11.0))  # no pair: no floor
+    out = summarise(pd.DataFrame(rows)).set_index(["source", "variant"])
+    # the pair 20% apart, under every variant alike (the same measurements)
+    assert out.loc[("traces", "today"), "noise_floor_median_pct"] == pytest.approx(20.0)
+    assert out.loc[("traces", "recorded"), "noise_floor_max_pct"] == pytest.approx(20.0)
+    assert out.loc[("traces", "today"), "median_abs_err_pct"] == pytest.approx(8.333, rel=1e-3)
+    assert np.isnan(out.loc[("cpu16", "recorded"), "noise_floor_median_pct"])
+
+
 def test_memory_shape_reads_each_timeline_on_its_own_step():
     from pipesim.compare import memory_shape
 
