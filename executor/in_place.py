@@ -31,8 +31,8 @@ What it found on this project's 2-core VM (2026-11-24,
 1.00-1.08, U-Net 1.00-1.07, MLP 1.00-1.18 (one reading up to 1.13, 1.09, 1.30; repeats
 0.03 apart, median); the balanced layouts 1.26-1.53 half an hour before, during a grid.
 The grid's own overlapping actions ran at 0.93-1.06 of their profile, and as the
-simulator's host law it predicted worse than the generic figure (README, "Largest
-remaining errors"): ``experiments/validate.py`` keeps it as an ablation, not the prediction.
+simulator's host law it predicted worse than the generic figure (``experiments/README.md``,
+"Largest remaining errors"): ``experiments/validate.py`` keeps it as an ablation, not the prediction.
 """
 
 from __future__ import annotations

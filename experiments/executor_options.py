@@ -15,7 +15,7 @@ iterations whose median message took over 1 ms).  Options (``--option``):
   1F1B [4,4] at 16 40.4 -> 33.6, GPipe [1,7] 44.5 -> 44.9; GPT 1F1B [3,3] at 8 75.1 -> 69.5.
 * ``directional``: messages up and down over a process group each
   (:func:`executor.distributed.directional_groups`) against one group for both, ranks
-  pinned.  Figures in the README ("Crossing messages").
+  pinned.  Figures in ``pipesim/MODEL.md`` ("Messages that cross").
 
     python experiments/executor_options.py [--option pin_cores] [--rounds 2] [--iterations 8]
 Writes experiments/results/OPTION.csv (``pinning.csv`` for pin_cores; one row per plan,

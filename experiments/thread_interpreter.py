@@ -12,7 +12,8 @@ Seen on this machine's CPU (2 cores, one torch thread each; two runs): a forward
 another forward 1.8-2.4x alone, a backward beside a backward 1.0-1.1x, a forward beside a
 backward 0.9-1.7x (noisy) -- the interpreter, not the cores.  On an H100 (2026-11-23 grid)
 forwards of launch-bound stages ran 1.4-2.5x their profile while the other stage's
-thread issued.  Not modelled yet (see README, largest remaining errors).
+thread issued.  Modelled since by the interpreter's shares the profiler measures
+(``profile(..., interpreter=True)``; ``pipesim/MODEL.md``, "Threads of one process").
 
     python experiments/thread_interpreter.py [--device cuda:0] [--repeats 30]
 Writes experiments/results/[gpu/]thread_interpreter.csv.
