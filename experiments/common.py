@@ -42,3 +42,26 @@ def write_results(name: str, table: pd.DataFrame, meta: dict, subdir: str = "") 
     table.to_csv(path, index=False)
     path.with_suffix(".json").write_text(json.dumps(meta, indent=2, default=str))
     return path
+
+
+class PhaseClock:
+    """Wall seconds each phase of a long run took, printed as each ends and kept
+    (``seconds``: phase -> seconds, summed where a phase recurs) for the run's summary: on
+    a lent machine with a time limit, the next run is planned from where this one's time
+    went::
+
+        clock = PhaseClock()
+        calibrate(...)
+        clock.mark("calibration")          # prints "[   31 s] calibration: 31 s"
+    """
+
+    def __init__(self) -> None:
+        self.start = self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def mark(self, phase: str) -> None:
+        """End ``phase`` now: its seconds are those since the previous mark (or the start)."""
+        now = time.perf_counter()
+        took, self.last = now - self.last, now
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + took
+        print(f"[{now - self.start:6.0f} s] {phase}: {took:.0f} s", flush=True)

@@ -49,7 +49,7 @@ from executor.in_place import (
 )
 from executor.models import builtin_job
 from executor.profiler import profile
-from experiments.common import RESULTS, machine, write_results
+from experiments.common import RESULTS, PhaseClock, machine, write_results
 from experiments.validation import (
     CHECKPOINT_COSTS,
     bracketed,
@@ -155,6 +155,7 @@ def main() -> None:
         repredict(results, tag)
         return
     print("calibrating ...", flush=True)
+    clock = PhaseClock()  # where the run's time goes (summary "phase_seconds")
     overheads: dict[str, Any] = {}
     cluster = calibrate_cpu(args.stages, overheads=overheads, pin_cores=args.pin)
     cluster.save(results / f"calibration_{tag}.json")
@@ -179,6 +180,7 @@ def main() -> None:
     # pipeline's ranks overlap for an action at a time)
     sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
                                  pin_cores=args.pin)]
+    clock.mark("calibration")
     model_readings: dict[str, float] = {}
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
@@ -195,7 +197,8 @@ def main() -> None:
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
                    "checkpoint_extras": checkpoint_rows, "executor_gaps": executor_rows,
-                   "profile_drift_pct": drifts, "cut_short": True}
+                   "profile_drift_pct": drifts, "phase_seconds": clock.seconds,
+                   "cut_short": True}
         (results / f"validation_{tag}.json").write_text(json.dumps(
             {**machine(), "summary": partial, "batch": BATCH, "stages": args.stages},
             indent=2, default=str))
@@ -213,6 +216,7 @@ def main() -> None:
                            progress=False, meta={"model": name})
 
         before = take_profile()
+        clock.mark(f"{name}: profile")
         # the ablation model_contention: contention measured on this model's own layers
         # (forward+backward of the whole model at a quarter of the batch, two processes
         # alone and together in alternation, one step a phase)
@@ -225,6 +229,7 @@ def main() -> None:
                      ("never", "except_last", "always"),
                      schedules=tuple(args.schedules.split(",")))
         print(f"{name}: {len(plans)} plans", flush=True)
+        clock.mark(f"{name}: own contention, grid")
         # the ablation in_place_contention: each balance's stages computing alone and
         # together in the run's layout, per micro-batch size (executor.in_place)
         balances = sorted({tuple(p.balance) for p in plans})
@@ -233,6 +238,7 @@ def main() -> None:
                  for row in stage_contention(job, balance, sizes_of_plans,
                                              threads=args.threads, pin_cores=args.pin)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
+        clock.mark(f"{name}: in-place contention")
         # what a wait costs (--idle-costs, the default): each balance's actions after their
         # rank idled, against at its steady pace, in place (executor.in_place.idle_costs;
         # read against the profile below, taken in the same run)
@@ -240,6 +246,7 @@ def main() -> None:
                                       threads=args.threads, pin_cores=args.pin,
                                       at_once=args.idle_at_once)
                   for balance in balances} if args.idle_costs else {}
+        clock.mark(f"{name}: idle costs")
 
         # what checkpointing adds to each stage's backward, in place (--checkpoint-extras,
         # the default): charged where a checkpointed backward has no idle cost to read;
@@ -257,6 +264,7 @@ def main() -> None:
                     executor_gaps_of(rows) if args.executor_gaps else [])
 
         stages_before = measure_stages()
+        clock.mark(f"{name}: stage costs")
 
         # (from the predicted iteration time: once per plan, for every pass)
         counts = {p.label(): iterations_for(before, p, cluster, args.iterations,
@@ -271,6 +279,7 @@ def main() -> None:
         measure = in_passes(measure_once, args.passes, args.tie_break or None)
 
         traces = measure(plans)
+        clock.mark(f"{name}: the grid measured")
         # kept at once, with each plan's measured iteration: the readings after the grid
         # and the predictions (ablations: minutes on 4-8 ranks) come later, and a run cut
         # there (a lent machine's time limit) can still be predicted afterwards with
@@ -282,6 +291,7 @@ def main() -> None:
         # the machine's speed as the runs found it on average (this shared VM drifts by
         # 10-20% over minutes); how far the two apart is the run's profile drift
         after = take_profile()
+        clock.mark(f"{name}: profile")
         prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
         drifts[name] = profile_drift(before, after)
@@ -289,6 +299,7 @@ def main() -> None:
                  for row in with_profile_seconds(rows, prof, cluster, balance)]
         idle[name] = [dataclasses.asdict(row) for row in waits]
         stages_after = measure_stages()
+        clock.mark(f"{name}: stage costs")
         extras = mean_readings(stages_before[0], stages_after[0])
         executor = mean_readings(stages_before[1], stages_after[1])
         checkpoint_rows[name] = [dataclasses.asdict(row) for row in extras]
@@ -303,6 +314,7 @@ def main() -> None:
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"],
                      again["executor_gap_s"], again["wakeup_curve"]))
         in_action.append(again["in_action_s"])
+        clock.mark(f"{name}: readings after the grid")
         keep_readings()
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
@@ -351,6 +363,7 @@ def main() -> None:
             replays.append({"model": name, "plan": plan.label(),
                             "replay_error_pct": 100 * replay_error(prof, plan, trace,
                                                                    model_cluster)})
+        clock.mark(f"{name}: predictions, confirmed choice, replays")
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "measured_ms", "error_pct"]].round(2).to_string(index=False), flush=True)
     table = pd.concat(tables, ignore_index=True)
@@ -380,6 +393,7 @@ def main() -> None:
     summary["executor_gaps"] = executor_rows
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
+    summary["phase_seconds"] = clock.seconds  # wall seconds per phase (PhaseClock)
     meta = {**machine(), "summary": summary, "cluster": cluster.to_dict(), "batch": BATCH,
             "models": {m: MODELS[m] for m in args.models.split(",")}, "torch": torch.__version__,
             "stages": args.stages, "pinned": args.pin, "threads_per_rank": args.threads,

@@ -1327,6 +1327,20 @@ def test_the_noise_floor_compares_one_schedule_measured_twice():
     assert noise_floor(pd.DataFrame(rows[:1] + rows[4:])) is None
 
 
+def test_a_runs_phase_clock_keeps_each_phases_seconds_and_sums_a_recurring_one(
+        monkeypatch, capsys):
+    import experiments.common as common
+
+    now = iter([100.0, 103.0, 110.0, 111.5])  # start, then three marks
+    monkeypatch.setattr(common.time, "perf_counter", lambda: next(now))
+    clock = common.PhaseClock()
+    clock.mark("calibration")
+    clock.mark("mlp: profile")
+    clock.mark("calibration")
+    assert clock.seconds == pytest.approx({"calibration": 4.5, "mlp: profile": 7.0})
+    assert "[    10 s] mlp: profile: 7 s" in capsys.readouterr().out
+
+
 def test_each_recorded_source_reports_its_own_noise_floor_once_over_its_variants():
     from experiments.repredict_evidence import summarise
 
