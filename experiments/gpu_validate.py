@@ -186,13 +186,17 @@ def main() -> None:
                 threads = dataclasses.replace(cluster, devices=[
                     dataclasses.replace(d, process="workers") for d in cluster.devices])
                 # (and that without the checkpoint's hooks holding the interpreter on
-                # autograd's thread, measured beside another thread's forwards)
+                # autograd's thread, measured beside another thread's forwards; and with
+                # each worker's host going on once it has issued an action, its gaps
+                # hidden behind device-bound work: Cluster.issue_ahead)
                 no_hooks = {k: v for k, v in scaling.items() if k != "engine_interpreter_share"}
                 table, traces = predict_and_measure(
                     prof, plans, cluster, measure, label,
                     {"scaling_law": (Profile(prof.table, scaling), cluster),
                      "threads_interpreter": (Profile(prof.table, scaling), threads),
-                     "threads_no_hooks": (Profile(prof.table, no_hooks), threads)})
+                     "threads_no_hooks": (Profile(prof.table, no_hooks), threads),
+                     "threads_issue_ahead": (Profile(prof.table, scaling),
+                                             dataclasses.replace(threads, issue_ahead=True))})
                 save_measured_actions(out / "validation_gpu_actions.csv.gz", label, plans, traces)
                 table["peak_pred_bytes"] += batch_bytes
                 table["stages"] = n_stages

@@ -109,6 +109,14 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     "threads_ckpt_hooks": lambda p, c: (
         (_with_hook_shares(_with_autograd_nodes(_with_host_shares(_without_law(p)))), _threads(c))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    # threads_node_order, and each worker's host going on once it has issued an action
+    # (its measured host seconds; a backward's, autograd's thread issuing it): the gap to
+    # its next action hides behind the device's work where the host is ahead
+    # (Cluster.issue_ahead; nothing assumed: the host columns are measured)
+    "threads_issue_ahead": lambda p, c: (
+        (_with_autograd_nodes(_with_host_shares(_without_law(p))),
+         dataclasses.replace(_threads(c), issue_ahead=True))
+        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
 }
 
 

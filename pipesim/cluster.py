@@ -256,6 +256,20 @@ class Cluster:
     #: after 1 MiB in 0.5 ms, 4 MiB in 1.7 ms on this project's VM), so the worker starts
     #: its next action only then; False: sends stream in the background (a copy stream)
     blocking_sends: bool = False
+    #: an accelerator's worker issues an action's kernels and goes on: its host is free
+    #: once it has issued them (a forward's host seconds, a backward's when autograd's
+    #: thread for the device has), not when the device has run them, so the executor's
+    #: gap to its next action runs from then and hides behind the device's work where the
+    #: host is ahead; an action whose issue is its time (launch-bound) still pays it whole::
+    #:
+    #:     host     |issue F|gap|issue F|gap|          device-bound: gaps hidden
+    #:     device   |====== F ======|====== F ======|
+    #:
+    #:     host     |== issue F ==|gap|== issue F ==|  launch-bound: gaps paid
+    #:     device    |===== F =====|   |===== F =====|
+    #:
+    #: False: the host is busy to the action's end (a CPU, where host and device are one)
+    issue_ahead: bool = False
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -472,6 +486,7 @@ class Cluster:
                        sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),
                        receives_ahead=bool(d.get("receives_ahead", False)),
                        blocking_sends=bool(d.get("blocking_sends", False)),
+                       issue_ahead=bool(d.get("issue_ahead", False)),
                        name=d.get("name", "cluster"))
         except ClusterError as exc:
             raise ClusterError(f"{source}: {exc}") from None

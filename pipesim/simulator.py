@@ -285,14 +285,29 @@ class _Run:
         wakeup_after = sim.cluster.wakeup_after if sim.cluster.wakeup_curve else None
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
+        # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
+        issue_ahead = sim.cluster.issue_ahead and sim.cluster.devices[w].on_accelerator
+        issued = [0.0]  # when the action's host-side work (engine, interpreter) was done
+
+        def note(_event: simpy.Event) -> None:
+            issued[0] = max(issued[0], env.now)
+
+        def host_side(event: simpy.Event) -> simpy.Event:
+            """``event``, a part of the action its host issues: noted when it is done."""
+            if issue_ahead:
+                event.callbacks.append(note)
+            return event
+
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
         idled = -1.0  # when the worker's last compute action ended (-1: none yet)
+        host_free = 0.0  # when its host went on from its last action (issue_ahead)
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
                 # its receive was posted as the worker moved to the step before this one
                 deltas.append((device, previous, step.recv_bytes, RECEIVED))
             blocked = False  # whether the worker reached the step before its input
+            arrived = 0.0  # when the last of its inputs that were there arrived
             for base in step.waits:
                 index = base + 2 * mb
                 slot = slots[index]
@@ -300,13 +315,24 @@ class _Run:
                     slot = slots[index] = env.event()
                     yield slot
                     blocked = True
-                elif slot.__class__ is float and slot > env.now:
-                    yield timeout(slot - env.now)
-                    blocked = True
+                elif slot.__class__ is float:
+                    if slot > env.now:
+                        yield timeout(slot - env.now)
+                        blocked = True
+                    else:
+                        arrived = max(arrived, slot)
             # (its stage's own executor work, measured in place, where its input was there:
             # a worker that blocked on its input did that work before it blocked)
             if not blocked:
                 pause = gap + step.gap_s
+                if issue_ahead:
+                    # its host went on when it had issued the last action, and waited for
+                    # an input that came after that (a wake-up); the device runs on
+                    if arrived > host_free + pause:
+                        pause = arrived - host_free + (
+                            wakeup_after(arrived - host_free) if wakeup_after is not None
+                            else wakeup)
+                    pause = host_free + pause - env.now
             elif wakeup_after is not None and idled >= 0:
                 pause = wakeup_after(env.now - idled)
             else:
@@ -346,26 +372,31 @@ class _Run:
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
                     yield simpy.AllOf(env, [
                         progress(r, step.host_slowdown),
-                        engine.run(r_held, step.interpreter_slowdown, priority),
-                        interpreter.run(step.engine_interpreter_s * scale,
-                                        step.interpreter_slowdown)])
+                        host_side(engine.run(r_held, step.interpreter_slowdown, priority)),
+                        host_side(interpreter.run(step.engine_interpreter_s * scale,
+                                                  step.interpreter_slowdown))])
                     seconds, held = seconds - r, max(held - r_held, 0.0)
                     recomputed = env.now
                 proper = [progress(seconds, step.host_slowdown),
-                          engine.run(held, step.interpreter_slowdown, priority)]
+                          host_side(engine.run(held, step.interpreter_slowdown, priority))]
                 if interpreter is not None and step.engine_hooks_s:
                     # the checkpoint's unpack hooks: Python, in turn with the other threads
-                    proper.append(interpreter.run(step.engine_hooks_s * scale,
-                                                  step.interpreter_slowdown))
+                    proper.append(host_side(interpreter.run(step.engine_hooks_s * scale,
+                                                            step.interpreter_slowdown)))
                 yield simpy.AllOf(env, proper)
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
-                yield simpy.AllOf(env, [progress(seconds, step.host_slowdown), interpreter.run(
-                    step.interpreter_s * scale, step.interpreter_slowdown)])
+                yield simpy.AllOf(env, [progress(seconds, step.host_slowdown), host_side(
+                    interpreter.run(step.interpreter_s * scale, step.interpreter_slowdown))])
             else:
                 yield progress(seconds, step.host_slowdown)
             end = idled = env.now
+            if issue_ahead:
+                # its host was free once it had issued it, at the latest when it ended
+                host_free = (min(end, max(start + step.issue_s * scale, issued[0]))
+                             if step.issue_s else end)
+                issued[0] = 0.0
             # the recomputation's end: as timed, else its share of the action (none: start)
             r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s
                      else start + (end - start) * step.recompute_s / step.seconds)

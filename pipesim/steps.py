@@ -76,6 +76,11 @@ class Step(NamedTuple):
     #: input was there when its worker reached it (below 0: less): its stage's executor
     #: work between actions, measured in place (:meth:`pipesim.cluster.Cluster.executor_gap`)
     gap_s: float = 0.0
+    #: of ``seconds``, those its worker's host spends issuing it before it can go on (a
+    #: forward's host seconds; a backward's, autograd's thread issuing it, its own turn
+    #: on that thread aside): where the cluster lets an accelerator's host run ahead
+    #: (:attr:`pipesim.cluster.Cluster.issue_ahead`); 0: busy to the action's end
+    issue_s: float = 0.0
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer
@@ -177,7 +182,8 @@ class StepBuilder:
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
                          interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
                          idle_curve=self.idle_curve(s, mb, FORWARD) if measured is None else (),
-                         gap_s=gap)
+                         gap_s=gap,
+                         issue_s=0.0 if measured is not None else seconds * c.host_fwd_share)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
         # transients of the backward: a stage's first backward allocates its gradients,
@@ -223,7 +229,8 @@ class StepBuilder:
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
                          interpreter_slowdown=c.interpreter_bwd_slowdown,
-                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow, gap_s=gap)
+                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow, gap_s=gap,
+                         issue_s=0.0 if measured is not None else seconds * c.host_bwd_share)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
@@ -278,7 +285,8 @@ class StepBuilder:
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
                      engine_hooks_s=hooks,
-                     host_slowdown=slow, idle_curve=idle, gap_s=gap)
+                     host_slowdown=slow, idle_curve=idle, gap_s=gap,
+                     issue_s=0.0 if measured is not None else engine)
 
     def idle_curve(self, stage: int, mb: int, kind: str) -> tuple[tuple[float, float], ...]:
         """What ``stage``'s ``kind`` action at micro-batch ``mb`` costs more (less: below 0)

@@ -1057,6 +1057,49 @@ def test_a_worker_has_an_engine_thread_only_as_a_thread_driving_an_accelerator()
     assert Device("w", physical="cpu", process="p").engine == ""
 
 
+def test_an_accelerators_host_runs_ahead_and_hides_its_gaps_behind_device_bound_work():
+    # one stage on a GPU, GPipe, 2 micro-batches of 1 sample: F F B B, a 0.5 s gap between
+    # each two.  Issued in a quarter of F and half of B, each next action's host is ready
+    # before the device is free, so no gap is paid:
+    #   host    |F|..|F|..|=B=|..|=B=|            (..: the gap, hidden)
+    #   device  |==F==|==F==|====B====|====B====|
+    plan = Plan([1], 2, 2, checkpoint="never")
+    gpu = Cluster([Device("w0", physical="cuda:0")], action_gap_s=0.5)
+    ahead = dataclasses.replace(gpu, issue_ahead=True)
+    device_bound = _with_host(uniform_profile(1, sizes=(1, 2)), 0.25, 0.5)
+    busy = metrics(simulate(device_bound, plan, gpu)).iteration_time_s
+    assert busy == pytest.approx(2 * F + 2 * B + 3 * 0.5)
+    assert metrics(simulate(device_bound, plan, ahead)).iteration_time_s == pytest.approx(
+        busy - 3 * 0.5)
+    # launch-bound (issue takes the action's time): every gap is paid, as on a CPU
+    launch_bound = _with_host(uniform_profile(1, sizes=(1, 2)), 1.0, 1.0)
+    assert metrics(simulate(launch_bound, plan, ahead)).iteration_time_s == pytest.approx(busy)
+    cpu = Cluster([Device("w0", physical="cpu")], action_gap_s=0.5, issue_ahead=True)
+    assert metrics(simulate(device_bound, plan, cpu)).iteration_time_s == pytest.approx(busy)
+    # a replay's measured durations hold their own issue: the host is busy to their end
+    rows = simulate(device_bound, plan, gpu).actions
+    durations = {(r.stage, r.kind, r.microbatch): r.end - r.start for r in rows.itertuples()}
+    replay = simulate(device_bound, plan, ahead, durations=durations)
+    assert metrics(replay).iteration_time_s == pytest.approx(busy)
+
+
+def test_a_host_ahead_of_its_device_still_waits_for_an_input_and_wakes_up_after_it():
+    # two stages on one GPU as processes (streams fully concurrent), GPipe, 2 micro-batches
+    # of 1 sample, 3 and 2 layers.  Stage 1's host is done issuing F(0) early and reaches
+    # F(1) before its input: it waits, and wakes up (1.5 s) after the input arrives --
+    # later than its device is free, so F(1) starts a wake-up after the arrival:
+    #   stage 0  |===F(0)===|===F(1)===|
+    #   stage 1             ~~~~|==F(0)==|  ~~~~|==F(1)==|     (~~~~: wake-ups)
+    plan = Plan([3, 2], 2, 2, checkpoint="never")
+    _, apart = _two_threads_on_a_gpu()
+    apart = dataclasses.replace(apart, action_gap_s=0.1, wakeup_gap_s=1.5, issue_ahead=True)
+    prof = _with_host(uniform_profile(5, sizes=(1, 2)), 0.25, 0.25)
+    a = simulate(prof, plan, apart).actions.set_index(["stage", "microbatch", "kind"])
+    arrived = a.loc[(0, 1, "F"), "end"]
+    assert a.loc[(1, 0, "F"), "end"] < arrived + 1.5  # the device was free before
+    assert a.loc[(1, 1, "F"), "start"] == pytest.approx(arrived + 1.5)
+
+
 def test_threads_on_one_gpu_issue_their_backwards_in_turn():
     # two stages as threads on one GPU whose streams run fully concurrently (speedup 2):
     # GPipe, 2 micro-batches of 1 sample, one layer a stage.  The backwards go
