@@ -18,7 +18,9 @@ ablations); ``--repredict`` adds today's model (``predicted_ms_now``), each run 
 again from its own profiles and calibration (and idle costs, where it measured them).
 Figures: per column, the pooled median and max |error| (per model too), each run's own,
 the run-to-run scatter, and Spearman and the regret of each run's choice judged by the
-pooled times (median over runs).
+pooled times (median over runs); and how one run's own error grows with its pass noise
+(:func:`error_against_noise`: the line at zero noise is one grid's error on a quiet
+machine).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
@@ -201,6 +203,26 @@ def figures(runs: pd.DataFrame, plans: pd.DataFrame, column: str) -> dict:
     return out
 
 
+def error_against_noise(per_run: dict[str, dict], conditions: dict[str, dict]) -> dict | None:
+    """How a run's own median |error| grows with its pass noise (the same plan measured in
+    two passes minutes apart, median %): the least-squares line ``error = at_zero_noise_pct
+    + per_noise_point * noise`` over the runs that report their noise, its correlation
+    ``r``, and the median error of the runs under 6% noise.  The line at zero noise is
+    what one grid's error would be on a quiet machine; None with fewer than three runs."""
+    pairs = [(conditions[r]["pass_noise_median_pct"], e["median_abs_error_pct"])
+             for r, e in per_run.items()
+             if r in conditions and conditions[r].get("pass_noise_median_pct") is not None]
+    if len(pairs) < 3:
+        return None
+    noise, error = (np.array(v, dtype=float) for v in zip(*pairs, strict=True))
+    slope, intercept = np.polyfit(noise, error, 1)
+    quiet = error[noise < 6.0]
+    return {"runs": len(pairs), "r": float(np.corrcoef(noise, error)[0, 1]),
+            "at_zero_noise_pct": float(intercept), "per_noise_point": float(slope),
+            "quiet_runs": int(quiet.size),
+            "quiet_median_abs_error_pct": float(np.median(quiet)) if quiet.size else None}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--git", type=int, default=4, help="the last N committed runs (0: none)")
@@ -275,6 +297,14 @@ def main() -> None:
               f"{r['max_abs_error_pct']:.1f}%; regret of each run's choice "
               f"{regret['median_pct']:.1f}% median, {regret['max_pct']:.1f}% worst")
     print(f"{main_col}: Spearman (pooled times) {f['spearman_throughput']:.3f}")
+    noise_line = error_against_noise(f["per_run"], conditions)
+    if noise_line is not None:
+        f["error_against_noise"] = noise_line
+        quiet = noise_line["quiet_median_abs_error_pct"]
+        print(f"{main_col}: one run's median |error| = {noise_line['at_zero_noise_pct']:.2f}% + "
+              f"{noise_line['per_noise_point']:.2f} x its pass noise (r = {noise_line['r']:.2f}, "
+              f"{noise_line['runs']} runs); the {noise_line['quiet_runs']} runs under 6% noise: "
+              + ("-" if quiet is None else f"{quiet:.2f}% median"))
     for name, c in conditions.items():
         drift = ", ".join(f"{m} {v:+.0f}%" for m, v in (c["profile_drift_pct"] or {}).items())
         noise = c["pass_noise_median_pct"]

@@ -1370,6 +1370,23 @@ def test_the_noise_floor_compares_one_schedule_measured_twice():
     assert noise_floor(pd.DataFrame(rows[:1] + rows[4:])) is None
 
 
+def test_one_runs_error_is_read_against_its_noise_on_a_line_to_zero_noise():
+    from experiments.grid_history import error_against_noise
+
+    # four runs on error = 2% + 0.5 x noise, one without a noise reading (left out)
+    per_run = {r: {"median_abs_error_pct": 2.0 + 0.5 * n}
+               for r, n in (("a", 4.0), ("b", 8.0), ("c", 12.0), ("d", 5.0))}
+    per_run["e"] = {"median_abs_error_pct": 40.0}
+    conditions = {r: {"pass_noise_median_pct": n}
+                  for r, n in (("a", 4.0), ("b", 8.0), ("c", 12.0), ("d", 5.0))}
+    conditions["e"] = {"pass_noise_median_pct": None}
+    line = error_against_noise(per_run, conditions)
+    assert line["runs"] == 4 and line["r"] == pytest.approx(1.0)
+    assert (line["at_zero_noise_pct"], line["per_noise_point"]) == pytest.approx((2.0, 0.5))
+    assert (line["quiet_runs"], line["quiet_median_abs_error_pct"]) == (2, pytest.approx(4.25))
+    assert error_against_noise({"a": per_run["a"]}, conditions) is None
+
+
 def test_a_runs_phase_clock_keeps_each_phases_seconds_and_sums_a_recurring_one(
         monkeypatch, capsys):
     import experiments.common as common
