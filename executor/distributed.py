@@ -52,6 +52,7 @@ from executor.pipeline import (
 )
 from executor.recorder import Recorder, compute_actions, compute_spans, shift_rows
 from executor.stage import StageRunner
+from executor.timing import speed_reference
 from executor.transport import DistTransport
 from pipesim.plan import Plan
 from pipesim.schedule import FORWARD, WEIGHT_GRAD, Schedule, build_schedule
@@ -87,6 +88,9 @@ class RankResult:
     #: the tracked iteration's compute actions: (stage, micro-batch, kind, start, end),
     #: seconds from its origin -- what the memory timeline's shape is read against
     memory_actions: list[tuple[int, int, str, float, float]] = field(default_factory=list)
+    #: seconds of the machine's speed reference read on this rank just before the plan
+    #: (:func:`executor.timing.speed_reference`; 0: not read)
+    reference_s: float = 0.0
 
 
 def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
@@ -311,6 +315,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                   else (None, None))
         module, loss_fn, inputs, targets = job()
         for index, (plan, schedule) in enumerate(runs):
+            reference = (_reference_in_turn(rank, world, module, inputs[:REFERENCE_SAMPLES])
+                         if options.get("reference") else 0.0)
             result = run_rank(rank, module, loss_fn, inputs[: plan.batch_size],
                               targets[: plan.batch_size], plan, schedule=schedule,
                               iterations=options["iterations"][index],
@@ -320,11 +326,29 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               return_grads=options.get("return_grads", False),
                               track_memory=options.get("track_memory", True),
                               tags=options.get("tags"), groups=groups)
+            result.reference_s = reference
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
     except BaseException as exc:
         results.put(("error", rank, f"rank {rank}: {type(exc).__name__}: {exc}\n"
                                     f"{traceback.format_exc(limit=4)}"))
+
+
+#: samples of the job's batch the speed reference runs on (spawn_plans(reference=True))
+REFERENCE_SAMPLES = 4
+
+
+def _reference_in_turn(rank: int, world: int, module: nn.Module, x: torch.Tensor) -> float:
+    """:func:`executor.timing.speed_reference` of the whole ``module`` on this rank, the
+    ranks one at a time (the others waiting at a barrier), so that no rank's reading
+    holds another's work."""
+    seconds = 0.0
+    for turn in range(world):
+        dist.barrier()
+        if turn == rank:
+            seconds = speed_reference(module, x)
+    dist.barrier()
+    return seconds
 
 
 def dead_ranks(procs: Sequence[Any], finished: set[int] | frozenset[int] = frozenset()
@@ -351,8 +375,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 iterations: int | Sequence[int] = 5, warmup: int = 2, threads_per_rank: int = 1,
                 pin_cores: bool = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
-                track_memory: bool = True, tags: bool = True,
-                directional: bool = True) -> list[tuple[RunResult, dict[int, RankResult]]]:
+                track_memory: bool = True, tags: bool = True, directional: bool = True,
+                reference: bool = False) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
     Starting processes and the process group costs seconds, so grids share them.  Each
@@ -363,6 +387,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     per plan (a short plan measured over more iterations: the same seconds of the run).
     ``directional`` sends messages up and down over groups of their own
     (:func:`directional_groups`; ``False``: every message over the default group).
+    ``reference`` reads the machine's speed before each plan, every rank in turn timing
+    the whole model's forward on :data:`REFERENCE_SAMPLES` samples
+    (:func:`executor.timing.speed_reference`): ``meta["reference_s"]``, the ranks' mean.
     """
     schedules = schedules or [None] * len(plans)
     counts = [iterations] * len(plans) if isinstance(iterations, int) else list(iterations)
@@ -376,7 +403,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     world = worlds.pop()
     options = {"iterations": counts, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
-               "track_memory": track_memory, "tags": tags, "directional_groups": directional}
+               "track_memory": track_memory, "tags": tags, "directional_groups": directional,
+               "reference": reference}
     if pin_cores:
         options["cores"] = rank_cores(world)
     ctx = mp.get_context("spawn")
@@ -430,6 +458,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                              {r: f"rank{r}" for r in range(world)}, counts[index], warmup, losses,
                              peaks, TRACKED, memory_counted=TRACKED_COUNTS,
                              threads_per_rank=threads_per_rank, pinned=pin_cores)
+        if reference:  # the machine's speed just before the plan, the ranks' mean
+            meta["reference_s"] = sum(r.reference_s for r in ranks.values()) / len(ranks)
         if track_memory:  # the tracked step's actions, beside its memory timeline
             meta["memory_actions"] = {f"rank{r}": [list(a) for a in ranks[r].memory_actions]
                                       for r in sorted(ranks)}

@@ -56,3 +56,30 @@ class Stopwatch:
             synchronize(self.device)
             return [s.elapsed_time(e) / 1e3 for s, e in self._events]
         return list(self._cpu)
+
+
+def speed_reference(module: torch.nn.Module, x: torch.Tensor, repeats: int = 5) -> float:
+    """Seconds of ``module``'s forward on ``x``, the median of ``repeats`` after one
+    warm-up: a fixed piece of work whose time follows the machine's speed of the moment.
+
+    Run without gradients and in evaluation mode, so that it changes nothing: no random
+    numbers drawn (dropout is off), no running statistics updated, no gradient touched;
+    the module's mode is restored.  A shared machine's speed drifts by 10-20% over
+    minutes: read beside each plan of a grid (``executor.distributed.spawn_plans(...,
+    reference=True)``), it says how fast the machine ran that plan against the others.
+    """
+    training = module.training
+    module.eval()
+    times = []
+    try:
+        with torch.no_grad():
+            module(x)
+            for _ in range(repeats):
+                synchronize(x.device)
+                start = time.perf_counter()
+                module(x)
+                synchronize(x.device)
+                times.append(time.perf_counter() - start)
+    finally:
+        module.train(training)
+    return sorted(times)[len(times) // 2]

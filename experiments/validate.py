@@ -54,6 +54,7 @@ from experiments.validation import (
     CHECKPOINT_COSTS,
     bracketed,
     confirm_choice,
+    drift_tracked,
     grid,
     in_passes,
     iterations_for,
@@ -274,7 +275,8 @@ def main() -> None:
             return [r.trace for r, _ in spawn_plans(job, ps, iterations=[counts[p.label()]
                                                                          for p in ps],
                                                     warmup=1, pin_cores=args.pin,
-                                                    threads_per_rank=args.threads)]
+                                                    threads_per_rank=args.threads,
+                                                    reference=True)]
 
         measure = in_passes(measure_once, args.passes, args.tie_break or None)
 
@@ -349,6 +351,9 @@ def main() -> None:
                      "profile_before": (before, model_cluster),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
+        # (not a prediction: each plan's with the machine's drift during the grid taken
+        # out, read by a fixed piece of work beside each plan, validation.drift_tracked)
+        table["predicted_ms_drift_tracked"] = drift_tracked(table)
         per_model[name] = per_model_figures(table, traces)
         measured_all += traces
         tables.append(table)

@@ -110,6 +110,7 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
             "peak_meas_bytes": it.loc["peak_memory_bytes", "measured"],
             "action_duration_error_pct": 100 * cmp.actions["duration_rel_error"].median(),
             "alone_costs_ms": 1e3 * alone,
+            "reference_ms": reference_ms(trace),
             **{f"predicted_ms_{name}": 1e3 * metrics(simulate(p, plan, c, track_memory=False))
                .iteration_time_s for name, (p, c) in (ablations or {}).items()},
         })
@@ -125,6 +126,28 @@ def with_alone_costs(profile: Profile, plan: Plan, cluster: Cluster, predicted: 
     scale, table = alone_scale(predicted, measured, plan)
     trace = simulate(profile, plan, cluster, track_memory=False, jitter=Jitter(scale=scale))
     return metrics(trace).iteration_time_s, table
+
+
+def reference_ms(trace: Trace) -> float:
+    """The machine's speed reference (ms) read beside a measured plan: the mean over its
+    passes (:func:`in_passes`) of ``meta["reference_s"]``
+    (``executor.distributed.spawn_plans(..., reference=True)``); NaN where none was read."""
+    readings = trace.meta.get("pass_reference_s") or (
+        [trace.meta["reference_s"]] if "reference_s" in trace.meta else [])
+    return 1e3 * float(np.mean(readings)) if readings else math.nan
+
+
+def drift_tracked(table: pd.DataFrame, column: str = "predicted_ms") -> pd.Series:
+    """Each plan's prediction (``column``) scaled by how fast the machine ran while it was
+    measured: ``column * reference_ms / median(reference_ms)`` over the model's plans (the
+    grid's own reference readings, :func:`reference_ms`; the profile, taken before and
+    after the grid, stands for the grid's median speed).  Not a prediction: the plan's
+    error with the machine's drift during the grid taken out, read by a fixed piece of
+    work and not by the plans; NaN where no reference was read."""
+    if "reference_ms" not in table:
+        return pd.Series(math.nan, index=table.index)
+    median = table.groupby("model").reference_ms.transform("median")
+    return table[column] * table.reference_ms / median
 
 
 def plan_columns(label: str, plan: Plan) -> dict:
@@ -143,6 +166,7 @@ def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.D
     for plan, trace in zip(plans, measured, strict=True):
         m = metrics(trace)
         rows.append({**plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
+                     "reference_ms": reference_ms(trace),
                      "bubble_meas": m.mean_bubble, "throughput_meas": m.throughput,
                      "peak_meas_bytes": max(m.peak_memory_bytes.values(), default=float("nan"))})
     return pd.DataFrame(rows)
@@ -302,7 +326,10 @@ def predict_saved(folder: Path, tag: str = "cpu",
         now.append(1e3 * metrics(simulate(grid.profiles[r.model], plan, grid.clusters[r.model],
                                           durations=durations,
                                           track_memory=False)).iteration_time_s)
-    return grid.table.assign(predicted_ms_now=now)
+    table = grid.table.assign(predicted_ms_now=now)
+    if "reference_ms" in table:  # runs that read the machine's speed beside each plan
+        table["predicted_ms_now_drift_tracked"] = drift_tracked(table, "predicted_ms_now")
+    return table
 
 
 @dataclasses.dataclass
@@ -457,6 +484,8 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
         for i, traces in enumerate(runs):
             trace = Trace.joined(traces)
             trace.meta["pass_iteration_s"] = [metrics(t).iteration_time_s for t in traces]
+            if all("reference_s" in t.meta for t in traces):
+                trace.meta["pass_reference_s"] = [t.meta["reference_s"] for t in traces]
             trace.meta["tie_break"] = i in apart
             joined.append(trace)
         return joined

@@ -97,12 +97,32 @@ def test_messages_up_and_down_take_a_group_each():
     assert DistTransport(0, (0, 1), 4, torch.device("cpu"))._group(0, 1) is None  # default
 
 
-def test_each_plan_runs_its_own_number_of_iterations():
+def test_each_plan_runs_its_own_number_of_iterations_and_reads_the_speed_beside_it():
     job = functools.partial(builtin_job, "mlp", BATCH, **MLP)
     plans = [Plan([2, 2], 2, BATCH), Plan([2, 2], 4, BATCH, schedule="1f1b")]
-    runs = spawn_plans(job, plans, iterations=[1, 3], warmup=0, track_memory=False)
+    runs = spawn_plans(job, plans, iterations=[1, 3], warmup=0, track_memory=False,
+                       reference=True)
     assert [r.trace.actions.iteration.nunique() for r, _ in runs] == [1, 3]
     assert [r.trace.meta["iterations"] for r, _ in runs] == [1, 3]
+    # the machine's speed read before each plan on every rank, the ranks' mean kept
+    for r, ranks in runs:
+        readings = [rank.reference_s for rank in ranks.values()]
+        assert min(readings) > 0
+        assert r.trace.meta["reference_s"] == pytest.approx(sum(readings) / len(readings))
+
+
+def test_the_speed_reference_changes_nothing_in_the_model():
+    from executor.timing import speed_reference
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.BatchNorm1d(8), nn.Dropout(0.5)).train()
+    stats, x = model[1].running_mean.clone(), torch.randn(4, 8)
+    rng = torch.get_rng_state()
+    assert speed_reference(model, x) > 0
+    assert model.training and all(m.training for m in model)
+    assert torch.equal(model[1].running_mean, stats)  # no running statistics updated
+    assert torch.equal(torch.get_rng_state(), rng)  # no dropout mask drawn
+    assert all(p.grad is None for p in model.parameters())
 
 
 @pytest.mark.parametrize("iterations", [[1], [1, 0], 0], ids=["one for two plans", "zero", "0"])

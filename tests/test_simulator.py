@@ -1387,6 +1387,22 @@ def test_one_runs_error_is_read_against_its_noise_on_a_line_to_zero_noise():
     assert error_against_noise({"a": per_run["a"]}, conditions) is None
 
 
+def test_a_plans_prediction_tracks_the_machines_speed_read_beside_it():
+    from experiments.validation import drift_tracked, reference_ms
+
+    # a model's three plans measured while the machine ran at its median speed, 10%
+    # slower and 10% faster (the reference read beside each): the prediction follows
+    table = pd.DataFrame({"model": ["a", "a", "a", "b"], "predicted_ms": [10.0, 20.0, 30.0, 5.0],
+                          "reference_ms": [2.0, 2.2, 1.8, 7.0]})
+    assert drift_tracked(table).tolist() == pytest.approx([10.0, 22.0, 27.0, 5.0])
+    assert drift_tracked(table.drop(columns="reference_ms")).isna().all()
+    # a plan's reading: the mean over its passes, or its one; NaN where none was read
+    assert reference_ms(Trace(pd.DataFrame(), meta={"pass_reference_s": [0.002, 0.004]})) \
+        == pytest.approx(3.0)
+    assert reference_ms(Trace(pd.DataFrame(), meta={"reference_s": 0.001})) == pytest.approx(1.0)
+    assert np.isnan(reference_ms(Trace(pd.DataFrame(), meta={})))
+
+
 def test_a_runs_phase_clock_keeps_each_phases_seconds_and_sums_a_recurring_one(
         monkeypatch, capsys):
     import experiments.common as common
