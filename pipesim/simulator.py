@@ -370,6 +370,11 @@ class _Run:
                     # holds the interpreter as a forward does (in turn with the other
                     # threads' forwards), then issues the backward proper
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
+                    if step.interpreter_s and seconds > 0:
+                        # a share measured for the whole checkpointed backward: the
+                        # recomputation holds its part of it, the backward proper the rest
+                        # (not the whole share again on top of the recomputation's issue)
+                        r_held = r * held / seconds
                     yield simpy.AllOf(env, [
                         progress(r, step.host_slowdown),
                         host_side(engine.run(r_held, step.interpreter_slowdown, priority)),

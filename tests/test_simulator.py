@@ -1175,6 +1175,27 @@ def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the
     assert (r.end - r.start).tolist() == pytest.approx([F] * 4)
 
 
+def test_a_checkpointed_backwards_measured_share_holds_autograds_thread_once_not_twice():
+    # one stage per thread on one GPU, 1 micro-batch (nothing overlaps), checkpointed: a
+    # share measured for the whole checkpointed backward (Bc 1: two threads' together
+    # took twice one's) covers its recomputation and its backward proper, so alone it
+    # lasts its seconds -- the recomputation's issue (a tenth of it) is part of the
+    # share, not held again beside it
+    gpu, _ = _two_threads_on_a_gpu()
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 0.1, 0.1)
+    plan = Plan([1, 1], 1, 1, checkpoint="always")
+
+    def backward_s(bc: float) -> float:
+        meta = {**prof.meta, "interpreter_share": {
+            str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": bc} for b in prof.micro_batch_sizes}}
+        a = simulate(Profile(prof.table, meta), plan, gpu).actions
+        b = a[(a.kind == "B") & (a.stage == 1)].iloc[0]
+        return b.end - b.start
+
+    assert backward_s(1.0) == pytest.approx(backward_s(0.0))  # = F (recomputed) + B
+    assert backward_s(1.0) == pytest.approx(F + B)
+
+
 def test_a_checkpointed_backwards_hooks_take_turns_with_the_other_threads_forwards():
     # checkpointed, every pass issued wholly from the host: the backward proper on
     # autograd's thread overlaps stage 1's next forward.  Its unpack hooks holding the
