@@ -109,12 +109,14 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     "threads_ckpt_hooks": lambda p, c: (
         (_with_hook_shares(_with_autograd_nodes(_with_host_shares(_without_law(p)))), _threads(c))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
-    # threads_node_order, and a checkpointed backward holding autograd's device thread
-    # for all its seconds (no share was measured in these runs; the H200's profile of the
-    # same gpt fp32, 2026-11-26, measured two threads' checkpointed backwards together at
-    # 1.96-2.0x one alone at every size, ``interpreter_share`` Bc 0.98-1.0: lent as 1.0)
+    # threads_node_order, and a launch-bound checkpointed backward (its backward issued in
+    # 90% of its device seconds or more, by the run's own host columns) holding autograd's
+    # device thread for all its seconds: no share was measured in these runs; the H200's
+    # profile of the same gpt fp32 (2026-11-26) measured two threads' checkpointed
+    # backwards together at 1.96x one alone at 2 samples (Bc 0.98), where the pair is
+    # launch-bound (at 4 samples and up the device bounds it, as the law charges)
     "threads_ckpt_engine": lambda p, c: (
-        (_with_autograd_nodes(_with_host_shares(_without_law(p), checkpointed_backward=1.0)),
+        (_with_autograd_nodes(_with_host_shares(_without_law(p), launch_bound=0.9)),
          _threads(c))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
     # threads_node_order, and each worker's host going on once it has issued an action
@@ -173,21 +175,23 @@ def _node_counts(names: tuple[str, ...]) -> tuple[int, ...]:
     return tuple(int(v) for v in counted.table.sort_values("layer").autograd_nodes)
 
 
-def _with_host_shares(profile: Profile, checkpointed_backward: float = 0.0) -> Profile:
+def _with_host_shares(profile: Profile, launch_bound: float | None = None) -> Profile:
     """``profile`` with ``meta["interpreter_share"]`` assumed from its host columns: a
     forward holds the interpreter for its host seconds, a checkpointed one for those and
     the checkpoint's extra seconds (its Python hooks); backwards none (autograd's engine
     thread issues them, :attr:`pipesim.cluster.Device.engine`, for their host seconds).
-    ``checkpointed_backward``: the share of a checkpointed backward's seconds that two
-    threads cannot spend at once (``Bc``; on a GPU, autograd's one device thread busy
-    with it); 0 leaves it to the host columns."""
-    sums = profile.table.groupby("micro_batch")[["fwd_s", "host_fwd_s", "ckpt_fwd_s"]].sum()
+    With ``launch_bound``, a checkpointed backward at a size whose backward issues in at
+    least that share of its device seconds holds autograd's device thread for all its
+    seconds (``Bc`` 1: two threads' such backwards cannot run at once)."""
+    sums = profile.table.groupby("micro_batch")[
+        ["fwd_s", "host_fwd_s", "ckpt_fwd_s", "bwd_s", "host_bwd_s"]].sum()
     shares = {}
     for size, r in sums.iterrows():
         hooks = max(r.ckpt_fwd_s - r.fwd_s, 0.0)
+        bound = launch_bound is not None and r.host_bwd_s >= launch_bound * r.bwd_s
         shares[str(size)] = {"F": min(r.host_fwd_s / r.fwd_s, 1.0), "B": 0.0,
                              "Fc": min((r.host_fwd_s + hooks) / r.ckpt_fwd_s, 1.0),
-                             "Bc": checkpointed_backward}
+                             "Bc": 1.0 if bound else 0.0}
     return Profile(profile.table, {**profile.meta, "interpreter_share": shares}, profile.source)
 
 
