@@ -6,6 +6,7 @@ that predictions and measurements are taken with the same clock.
 
 from __future__ import annotations
 
+import statistics
 import time
 from contextlib import contextmanager
 
@@ -70,16 +71,13 @@ def speed_reference(module: torch.nn.Module, x: torch.Tensor, repeats: int = 5) 
     """
     training = module.training
     module.eval()
-    times = []
+    watch = Stopwatch(x.device)  # the clock the profiler and the pipelines time with
     try:
         with torch.no_grad():
             module(x)
             for _ in range(repeats):
-                synchronize(x.device)
-                start = time.perf_counter()
-                module(x)
-                synchronize(x.device)
-                times.append(time.perf_counter() - start)
+                with watch.region():
+                    module(x)
     finally:
         module.train(training)
-    return sorted(times)[len(times) // 2]
+    return statistics.median(watch.elapsed())

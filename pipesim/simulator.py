@@ -319,7 +319,7 @@ class _Run:
                     if slot > env.now:
                         yield timeout(slot - env.now)
                         blocked = True
-                    else:
+                    elif issue_ahead:
                         arrived = max(arrived, slot)
             # (its stage's own executor work, measured in place, where its input was there:
             # a worker that blocked on its input did that work before it blocked)

@@ -223,14 +223,15 @@ class StepBuilder:
         if kind == WEIGHT_GRAD:
             # W: weight gradients from the output gradients I kept, then everything goes
             seconds = c.bwd_weight_s + overhead if measured is None else measured
+            issuing = seconds * c.host_bwd_share  # autograd's engine issuing it
             return Step(s, kind, (), seconds, 0.0,
                          parts((TEMPORARIES, transient)),
                          parts(*freed, (TEMPORARIES, -c.w_pending_bytes)), None,
                          release=release, grads=grads, walk=c.backward_walk or WHOLE,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_bwd_share,
                          interpreter_slowdown=c.interpreter_bwd_slowdown,
-                         engine_s=seconds * c.host_bwd_share, host_slowdown=slow, gap_s=gap,
-                         issue_s=0.0 if measured is not None else seconds * c.host_bwd_share)
+                         engine_s=issuing, host_slowdown=slow, gap_s=gap,
+                         issue_s=0.0 if measured is not None else issuing)
         recompute = c.recompute_s
         if kind == INPUT_GRAD:
             # I: the input gradient (after recomputing, when checkpointed); the stash, the
