@@ -37,6 +37,7 @@ simulator's host law it predicted worse than the generic figure (``experiments/R
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -47,7 +48,7 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
+from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, InPlaceCost, SpanSlowdown
 from pipesim.plan import Plan
 
 
@@ -94,8 +95,8 @@ SETTLE_S = 0.01
 
 
 def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
-                checkpoint: str = "never", idle: tuple[str, float] = HOT
-                ) -> Callable[[], dict[str, float]]:
+                checkpoint: str = "never", idle: tuple[str, float] = HOT,
+                device: str | torch.device = "cpu") -> Callable[[], dict[str, float]]:
     """One forward+backward of stage ``rank`` on ``size`` samples, as a pipeline runs it
     (the executor's StageRunner, its inputs and output gradients synthesised; the forward
     inside torch.utils.checkpoint with ``checkpoint="always"``).  With ``idle = (kind,
@@ -104,7 +105,9 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     (a last stage starts its backward from its own loss, never waiting).  The step returns
     the seconds of its actions as the pipeline's recorder times them, and the executor's
     own seconds around each of them (:class:`pipesim.cluster.ExecutorGap`; 0 with an
-    idle): ``{"F": .., "B": .., "between": ..}``."""
+    idle): ``{"F": .., "B": .., "between": ..}``.  On a CUDA ``device`` the actions are
+    timed by the recorder's events (device seconds), the step's wall time between two
+    synchronisations."""
     from executor.microbatch import scatter
     from executor.partition import split_module
     from executor.pipeline import stage_skips
@@ -113,16 +116,18 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     from executor.stage_alone import message_shapes
     from pipesim.schedule import build_schedule
 
+    device = torch.device(device)
     module, loss_fn, x, y = job()
     if x.shape[0] < size:
         raise ValueError(f"the job's batch has {x.shape[0]} samples, the step needs {size}")
+    module, x, y = module.to(device), x.to(device), y.to(device)
     plan = Plan(list(balance), 1, size, checkpoint=checkpoint)
     shapes = message_shapes(module, plan, x[:size])
     stage = split_module(module, plan.balance)[rank]
     skips = stage_skips(module, plan)
     actions = build_schedule(plan).order[rank]
     xs, ys = scatter(x[:size].clone(), plan), scatter(y[:size].clone(), plan)
-    device = torch.device("cpu")
+    cuda = device.type == "cuda"
 
     made: dict[tuple[int, str, int], torch.Tensor] = {}  # each message made once
 
@@ -135,8 +140,14 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
             time.sleep(seconds)
         runner = StageRunner(rank, {rank: stage}, plan, loss_fn, device, transport, recorder,
                              skips=skips)
+        if cuda:  # the events' origin, and the wall time from an idle device
+            torch.cuda.synchronize(device)
+            recorder.origin_event = torch.cuda.Event(enable_timing=True)
+            recorder.origin_event.record()
         began = time.perf_counter()
         runner.run(actions, xs, ys)
+        if cuda:
+            torch.cuda.synchronize(device)
         wall = time.perf_counter() - began
         # rows: (iteration, device, stage, mb, kind, start, end, ...)
         out = {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
@@ -230,7 +241,7 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
 def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
                 sizes: Sequence[int], modes: Sequence[str], idles: Sequence[tuple[str, float]],
                 rounds: int, phase_s: float, threads: int, settle_s: float, at_once: bool,
-                out) -> None:
+                out, device: str = "cpu") -> None:
     """Rank ``rank``'s side of :func:`stage_costs` and :func:`idle_costs`: puts ``(rank,
     {(mode, size, idle): (forward seconds, backward seconds)})``, the medians of its steps
     run alone (``idle``: ``(action, seconds)`` it sleeps before, see :func:`_stage_step`),
@@ -242,7 +253,7 @@ def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
     then 0.36-0.39 ms)."""
     torch.set_num_threads(threads)
     retain_freed_memory()  # the pipelines' allocator policy
-    steps = {(mode, b, idle): _stage_step(job, balance, rank, b, mode, idle)
+    steps = {(mode, b, idle): _stage_step(job, balance, rank, b, mode, idle, device)
              for mode in modes for b in sizes for idle in idles}
     for step in steps.values():  # warm-up: allocator, caches, autograd's first graphs
         for _ in range(3):
@@ -300,6 +311,58 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     return out
 
 
+class _Turns:
+    """The barrier of :func:`_costs_loop` for stages that take turns in one process: every
+    wait returns at once (a stage's loop runs whole before the next stage's)."""
+
+    def wait(self) -> None:
+        pass
+
+
+class _Collected(list):
+    """The result queue of :func:`_costs_loop` in one process: what it puts, kept."""
+
+    def put(self, item) -> None:
+        self.append(item)
+
+
+def device_stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
+                       device: str = "cuda:0", modes: Sequence[str] = ("never", "always"),
+                       rounds: int = 5, phase_s: float = 0.05) -> list[dict]:
+    """:func:`stage_costs` for the in-process executor on one ``device`` (its workers are
+    threads of this process, every stage on that device): each stage alone in this
+    process, one after the other, its forward and backward through the executor's
+    StageRunner as the pipeline's recorder times them (CUDA events on a GPU), plain and
+    checkpointed (``modes``), at each micro-batch size; rows as :func:`stage_costs`'.
+
+    What a profile adds up layer by layer, measured on the stage whole: the executor's
+    per-action work (its recorder, the checkpoint's wrapper), torch.utils.checkpoint
+    entered once, the launches of a stage issued back to back.  Nothing of a plan is in
+    it, so every schedule and chunk count with that balance uses it.  Seconds spent: about
+    ``rounds * len(modes) * len(sizes) * len(balance) * phase_s`` plus three warm-up steps
+    of each."""
+    unknown = sorted(set(modes) - {"never", "always"})
+    if unknown:
+        raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
+    # one model for every step (building a large one takes seconds each time): the
+    # stages of the in-process executor share it too
+    job = functools.cache(job)
+    _check_layout("stage costs", job, balance, sizes, rounds, phase_s)
+    threads = torch.get_num_threads()  # (the loop sets it: keep the caller's)
+    out, first = [], 0
+    for rank, layers in enumerate(balance):
+        collected = _Collected()
+        _costs_loop(rank, _Turns(), job, list(balance), list(sizes), list(modes), [HOT],
+                    rounds, phase_s, threads, 0.0, True, collected, device)
+        (_, results), = collected
+        for (mode, b, _), (fwd, bwd, between) in sorted(results.items()):
+            out.append({"first": first, "stop": first + layers, "micro_batch": int(b),
+                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd,
+                        "between_s": between})
+        first += layers
+    return out
+
+
 def checkpoint_extras(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                       rounds: int = 10, threads: int = 1,
                       pin_cores: bool = True) -> list[CheckpointExtra]:
@@ -320,6 +383,14 @@ def checkpoint_extras_of(rows: Sequence[dict]) -> list[CheckpointExtra]:
     return [CheckpointExtra(r["first"], r["stop"], r["micro_batch"],
                             r["bwd_s"] - plain[(r["first"], r["stop"], r["micro_batch"])])
             for r in rows if r["checkpointed"]]
+
+
+def in_place_costs_of(rows: Sequence[dict]) -> list[InPlaceCost]:
+    """Each stage's forward and backward in place, per size and checkpoint mode
+    (:class:`pipesim.cluster.InPlaceCost`), from :func:`stage_costs`' or
+    :func:`device_stage_costs`' rows."""
+    return [InPlaceCost(r["first"], r["stop"], r["micro_batch"], r["checkpointed"],
+                        r["fwd_s"], r["bwd_s"]) for r in rows]
 
 
 def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
@@ -418,5 +489,6 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     return out
 
 
-__all__ = ["checkpoint_extras", "checkpoint_extras_of", "executor_gaps_of", "idle_costs",
+__all__ = ["checkpoint_extras", "checkpoint_extras_of", "device_stage_costs",
+           "executor_gaps_of", "idle_costs", "in_place_costs_of",
            "stage_contention", "stage_costs"]

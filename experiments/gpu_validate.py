@@ -3,6 +3,10 @@
 Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
 
 1. profile the built-in models on the device in fp32 and bf16 at several micro-batch sizes;
+   and measure each stage of the grid's balances in place, alone, plain and checkpointed
+   at every size (executor.in_place.device_stage_costs: the executor's own code path,
+   launches back to back, the checkpoint entered once): the costs the prediction gives
+   its actions (pipesim.cluster.InPlaceCost; ablation profile_costs: the profile's);
 2. calibrate the in-process executor's overheads on a tiny model (not the grid's plans);
 3. run a grid (balanced/skewed balance, chunks 1..16, three checkpoint modes, GPipe and
    1F1B) with 2 and 4 stages as worker threads on ``cuda:0`` -- the simulator models
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -35,6 +40,7 @@ import pandas as pd
 import torch
 
 from executor.calibrate import measure_thread_overhead
+from executor.in_place import device_stage_costs, in_place_costs_of
 from executor.memory import tensor_bytes
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
@@ -88,6 +94,45 @@ def stage_memory(models: dict, args: argparse.Namespace, out: Path) -> pd.DataFr
     return table
 
 
+def in_place_rows(prof: Profile, job: functools.partial, n_stages: int,
+                  args: argparse.Namespace) -> list[dict]:
+    """Each stage of the grid's balances for ``prof`` measured in place on the GPU, alone,
+    plain and checkpointed at every size of the profile
+    (:func:`executor.in_place.device_stage_costs`): the costs the prediction gives each
+    action (:class:`pipesim.cluster.InPlaceCost`)."""
+    balances = sorted({tuple(p.balance) for p in grid(prof, n_stages, args.batch)})
+    return [row for balance in balances
+            for row in device_stage_costs(job, balance, prof.micro_batch_sizes,
+                                          device=args.device, rounds=args.in_place_rounds)]
+
+
+def save_in_place(out: Path, label: str, rows: list[dict], args: argparse.Namespace) -> None:
+    """Add ``label``'s rows to ``out/in_place_costs_gpu.json`` (``{"model/dtype/2st":
+    rows, "_machine": ...}``), written as each model is done."""
+    path = out / "in_place_costs_gpu.json"
+    found = json.loads(path.read_text()) if path.exists() else {}
+    found[label] = rows
+    found["_machine"] = {**machine(), "device_name": device_name(torch.device(args.device)),
+                         "torch": torch.__version__}
+    path.write_text(json.dumps(found, indent=1))
+
+
+def measure_in_place(models: dict, args: argparse.Namespace, out: Path) -> None:
+    """:func:`in_place_rows` for every model of a grid run already in ``out`` (its
+    profiles), saved as the grid saves them (:func:`save_in_place`)."""
+    for n_stages in [int(s) for s in args.stages.split(",")]:
+        for dtype in args.dtypes.split(","):
+            for name, model_sizes in models.items():
+                prof = Profile.load(out / f"profile_{name}_{dtype}.csv")
+                job = functools.partial(builtin_job, name, args.batch, dtype=dtype,
+                                        **model_sizes)
+                t0 = time.time()
+                rows = in_place_rows(prof, job, n_stages, args)
+                save_in_place(out, f"{name}/{dtype}/{n_stages}st", rows, args)
+                print(f"in place {name}/{dtype}/{n_stages}st: {len(rows)} rows "
+                      f"({time.time() - t0:.0f} s)", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
@@ -101,6 +146,11 @@ def main() -> None:
     ap.add_argument("--stages", default="2,4")
     ap.add_argument("--stage-memory-only", action="store_true",
                     help="only step 4, from the profiles a grid run left in --out")
+    ap.add_argument("--in-place-rounds", type=int, default=10,
+                    help="rounds of each stage's steps measured in place (medians)")
+    ap.add_argument("--in-place-only", action="store_true",
+                    help="only each stage's costs measured in place, from the profiles a "
+                         "grid run left in --out (in_place_costs_gpu.json)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,6 +158,9 @@ def main() -> None:
     models = QUICK if args.quick else MODELS
     if args.stage_memory_only:
         stage_memory(models, args, out)
+        return
+    if args.in_place_only:
+        measure_in_place(models, args, out)
         return
     env = {**machine(), "device": args.device, "device_name": device_name(dev),
            "torch": torch.__version__, "cuda": torch.version.cuda}
@@ -135,6 +188,13 @@ def main() -> None:
                                warmup=3, progress=False, streams=n_stages, interpreter=True,
                                meta={"model": name})
                 prof.save(out / f"profile_{name}_{dtype}.csv")
+                # each stage of the grid measured in place, alone: the costs the
+                # prediction gives its actions (the profile's: ablation profile_costs)
+                label = f"{name}/{dtype}/{n_stages}st"
+                rows = in_place_rows(prof, functools.partial(
+                    builtin_job, name, args.batch, dtype=dtype, **model_sizes), n_stages, args)
+                save_in_place(out, label, rows, args)
+                placed = dataclasses.replace(cluster, in_place_costs=in_place_costs_of(rows))
                 scaling = dict(prof.meta)
                 scaling.pop("stream_speedup")  # (the interpreter shares: data for now)
                 laws = {str(b): {"measured": prof.stream_speedup(b),
@@ -151,7 +211,7 @@ def main() -> None:
                 batch_bytes = tensor_bytes(x) + tensor_bytes(y)
 
                 def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y, n_stages=n_stages,
-                            name=name, dtype=dtype, prof=prof, cluster=cluster):
+                            name=name, dtype=dtype, prof=prof, cluster=placed):
                     traces = []
                     for p in ps:
                         # one pipeline at a time, its memory freed before the next plan:
@@ -177,22 +237,23 @@ def main() -> None:
                             torch.cuda.empty_cache()
                     return traces
 
-                label = f"{name}/{dtype}/{n_stages}st"
-                # ablations: the same plans under the law the size scaling implies (the
+                # ablations: the same plans with the profile's costs; under the law the
+                # size scaling implies (the
                 # device alone); and that law with the workers as threads of one process,
                 # holding its interpreter for their forwards' measured shares and slowdowns
                 # and issuing their backwards in turn on autograd's one thread for the GPU
                 # (the host's part the measured law folds in, modelled action by action)
-                threads = dataclasses.replace(cluster, devices=[
-                    dataclasses.replace(d, process="workers") for d in cluster.devices])
+                threads = dataclasses.replace(placed, devices=[
+                    dataclasses.replace(d, process="workers") for d in placed.devices])
                 # (and that without the checkpoint's hooks holding the interpreter on
                 # autograd's thread, measured beside another thread's forwards; and with
                 # each worker's host going on once it has issued an action, its gaps
                 # hidden behind device-bound work: Cluster.issue_ahead)
                 no_hooks = {k: v for k, v in scaling.items() if k != "engine_interpreter_share"}
                 table, traces = predict_and_measure(
-                    prof, plans, cluster, measure, label,
-                    {"scaling_law": (Profile(prof.table, scaling), cluster),
+                    prof, plans, placed, measure, label,
+                    {"profile_costs": (prof, cluster),
+                     "scaling_law": (Profile(prof.table, scaling), placed),
                      "threads_interpreter": (Profile(prof.table, scaling), threads),
                      "threads_no_hooks": (Profile(prof.table, no_hooks), threads),
                      "threads_issue_ahead": (Profile(prof.table, scaling),

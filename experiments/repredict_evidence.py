@@ -50,6 +50,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 import pandas as pd
 
+from executor.in_place import in_place_costs_of
 from experiments.common import write_results
 from experiments.validation import noise_floor, plan_columns, predict_saved
 from pipesim.cluster import Cluster
@@ -128,6 +129,14 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
          dataclasses.replace(_threads(c), issue_ahead=True))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
 }
+
+
+#: the variants predicted again where a grid's folder has its stages' costs measured in
+#: place on the GPU (``gpu_validate.py``, :class:`pipesim.cluster.InPlaceCost`), each
+#: action at that lone cost: name -> the :data:`VARIANTS` entry it builds on
+IN_PLACE_VARIANTS = {"in_place_costs": "measured_streams",
+                     "in_place_threads": "threads_engine",
+                     "in_place_issue_ahead": "threads_issue_ahead"}
 
 
 def _with_hook_shares(profile: Profile) -> Profile:
@@ -308,16 +317,20 @@ def _same_layers(a: Profile, b: Profile) -> bool:
     return len(a.table) == len(b.table) and rows(a).equals(rows(b))
 
 
-def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
-    m = metrics(simulate(profile, plan, cluster, track_memory=False))
+def _predict(profile: Profile, plan: Plan, cluster: Cluster,
+             durations: dict | None = None) -> tuple[float, float]:
+    m = metrics(simulate(profile, plan, cluster, durations=durations, track_memory=False))
     return m.iteration_time_s, m.mean_bubble
 
 
 def _variants(source: str, model: str, dtype: str, profile: Profile, cluster: Cluster, plan: Plan,
-              measured_ms: float, bubble_meas: float) -> list[dict]:
-    """One row per model variant for a plan measured in ``source``."""
+              measured_ms: float, bubble_meas: float,
+              variants: dict[str, str] | None = None) -> list[dict]:
+    """One row per model variant for a plan measured in ``source`` (``variants``: name ->
+    the :data:`VARIANTS` entry it applies, by default each under its own name)."""
     rows = []
-    for variant, change in VARIANTS.items():
+    for variant, base in (variants or {v: v for v in VARIANTS}).items():
+        change = VARIANTS[base]
         changed = change(profile, cluster)
         if changed is None:
             continue
@@ -394,6 +407,16 @@ def grid_gpu_results(_evidence: Path) -> list[dict]:
     return _gpu_grid("gpu_results", LATEST_GPU)
 
 
+#: the H200's 2-stage fp32 grid of 2026-11-26, its profiles with the interpreter shares
+#: measured (its README)
+H200_GRID = LATEST_GPU / "h200-2026-11-26-grid"
+
+
+def grid_h200(_evidence: Path) -> list[dict]:
+    """Rows for the H200's grid, :data:`H200_GRID`."""
+    return _gpu_grid("h200_grid", H200_GRID)
+
+
 def _gpu_plans(folder: Path):
     """``(model, dtype, profile, cluster, plan, row)`` for every plan of the
     ``gpu_validate.py`` grid in ``folder``.  Its profiles carry the measured concurrency
@@ -411,12 +434,39 @@ def _gpu_plans(folder: Path):
 
 
 def _gpu_grid(source: str, folder: Path) -> list[dict]:
-    """Rows for a ``gpu_validate.py`` grid in ``folder`` (iteration times, every variant)."""
+    """Rows for a ``gpu_validate.py`` grid in ``folder`` (iteration times, every variant;
+    and ``in_place_costs`` where the folder has the stages' costs measured in place)."""
+    in_place = in_place_costs(folder)
     rows = []
     for model, dtype, profile, cluster, plan, r in _gpu_plans(folder):
         rows += _variants(source, model, dtype, profile, cluster, plan, r.measured_ms,
                           r.bubble_meas)
+        costs = in_place.get(f"{model}/{dtype}/{plan.n_stages}st")
+        if costs:
+            rows += _variants(source, model, dtype, profile,
+                              dataclasses.replace(cluster,
+                                                  in_place_costs=tuple(in_place_costs_of(costs))),
+                              plan,
+                              r.measured_ms, r.bubble_meas, IN_PLACE_VARIANTS)
     return rows
+
+
+def in_place_costs(folder: Path) -> dict[str, list[dict]]:
+    """The stages' costs measured in place on the GPU beside a grid
+    (``gpu_validate.py --in-place-only``, ``in_place_costs_gpu*.json``, one file a
+    reading): grid label -> rows of :func:`executor.in_place.device_stage_costs`, each
+    figure the median of the readings (two readings of MLP's forwards, a minute apart,
+    differed by 21% median: host-bound actions of 0.3-0.9 ms); empty where none were."""
+    readings = [json.loads(p.read_text())
+                for p in sorted(folder.glob("in_place_costs_gpu*.json"))]
+    keys = ("first", "stop", "micro_batch", "checkpointed")
+    pooled: dict[str, list[dict]] = {}
+    for label in sorted({k for r in readings for k in r if not k.startswith("_")}):
+        table = pd.DataFrame([row for r in readings for row in r.get(label, ())])
+        pooled[label] = [{**dict(zip(keys, key, strict=True)), **part[
+            ["fwd_s", "bwd_s", "between_s"]].median().to_dict()}
+            for key, part in table.groupby(list(keys))]
+    return pooled
 
 
 def gpu_memory(folder: Path = LATEST_GPU) -> pd.DataFrame:
@@ -513,12 +563,13 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=EVIDENCE)
-    ap.add_argument("--sources", default="traces,grid_2stages,gpu_results,cpu16,cpu16_latest")
+    ap.add_argument("--sources",
+                    default="traces,grid_2stages,gpu_results,h200_grid,cpu16,cpu16_latest")
     args = ap.parse_args()
     rows: list[dict] = []
     for source in args.sources.split(","):
         rows += {"traces": traces, "grid_2stages": grid_2stages, "gpu_results": grid_gpu_results,
-                 "cpu16": cpu16, "cpu16_latest": cpu16_latest}[source](args.evidence)
+                 "h200_grid": grid_h200, "cpu16": cpu16, "cpu16_latest": cpu16_latest}[source](args.evidence)
     table = pd.DataFrame(rows)
     summary = summarise(table)
     with pd.option_context("display.width", 160, "display.max_rows", 200):

@@ -23,7 +23,7 @@ from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
 from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
-from pipesim.simulator import Jitter, simulate
+from pipesim.simulator import Jitter, Simulator, simulate
 from pipesim.trace import Trace, metrics
 
 Measure = Callable[[list[Plan]], list[Trace]]
@@ -414,6 +414,20 @@ def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str,
             if measured is not None:
                 out[(s, "F", m)], out[(s, "B", m)] = measured
     return out
+
+
+def in_place_scale(profile: Profile, plan: Plan, cluster: Cluster, rows: Sequence[dict]
+                   ) -> dict[tuple[int, str, int], float]:
+    """:class:`pipesim.simulator.Jitter`'s ``scale`` for ``plan`` from stage costs measured
+    in place (rows as :func:`in_place_durations` reads them): each forward and backward at
+    its stage's cost in place (over what the model gives it alone, its step's seconds), so
+    that how it shares the device, the interpreter and autograd's thread stays the
+    model's.  Unlike ``durations`` (a replay's, contention included), a lone cost."""
+    lone = {(step.stage, step.kind, mb): step.seconds
+            for program in Simulator(profile, plan, cluster, track_memory=False).programs
+            for mb, step in program}
+    return {key: seconds / lone[key] for key, seconds in in_place_durations(plan, rows).items()
+            if lone.get(key, 0.0) > 0}
 
 
 #: what each in-place measurement is called in a run's summary (``validation_TAG.json``)

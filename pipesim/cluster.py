@@ -143,6 +143,31 @@ class CheckpointExtra:
 
 
 @dataclass(frozen=True)
+class InPlaceCost:
+    """What the forward and the backward of layers ``[first, stop)`` cost at
+    ``micro_batch`` samples (checkpointed or not), seconds, measured in place: the stage
+    alone, its actions run through the executor's own code path and timed as a pipeline's
+    recorder times them (:func:`executor.in_place.device_stage_costs` on a GPU)::
+
+        profile    |=L0=| |=L1=| |=L2=|        each layer alone, summed (less the
+        in place   |===L0 L1 L2===|            whole model's excess over that sum)
+
+    What a profile adds up layer by layer, taken on the stage whole: its launches issued
+    back to back, torch.utils.checkpoint entered once, the executor's recorder and the
+    checkpoint's wrapper.  A lone cost, not a replay's: how the action shares a device,
+    an interpreter or autograd's thread stays the model's.  On the H200 (2026-11-26) GPT's
+    checkpointed stages at 4 samples cost 0.80-0.88x what the profile gives them, MLP's
+    1.1-1.5x."""
+
+    first: int
+    stop: int
+    micro_batch: int
+    checkpointed: bool
+    fwd_s: float
+    bwd_s: float
+
+
+@dataclass(frozen=True)
 class ExecutorGap:
     """The executor's own seconds around each action of layers ``[first, stop)`` at
     ``micro_batch`` samples (checkpointed or not), measured in place: the stage alone on
@@ -230,6 +255,12 @@ class Cluster:
     #: gaps for every action
     executor_gaps: tuple[ExecutorGap, ...] = ()
     executor_gap_base_s: float = 0.0
+    #: what a stage's forward and backward cost, measured in place (:class:`InPlaceCost`):
+    #: an action of a span with rows (its checkpoint mode's) costs that alone, in place of
+    #: its profile seconds, its overhead and, checkpointed, its recomputation and the
+    #: checkpoint's costs (the recomputation keeps its profiled share); not where the
+    #: action has an idle cost to read, nor for a split backward.  Empty: the profile's
+    in_place_costs: tuple[InPlaceCost, ...] = ()
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
     #: limit
@@ -318,6 +349,14 @@ class Cluster:
             raise ClusterError("wakeup_curve must run from idle 0 through increasing idles "
                                "with finite seconds >= 0, got "
                                f"{[list(p) for p in self.wakeup_curve]}")
+        self.in_place_costs = tuple(x if isinstance(x, InPlaceCost) else InPlaceCost(**x)
+                                    for x in self.in_place_costs)
+        for cost in self.in_place_costs:
+            if (not (math.isfinite(cost.fwd_s) and cost.fwd_s > 0 and math.isfinite(cost.bwd_s)
+                     and cost.bwd_s > 0) or cost.micro_batch < 1):
+                raise ClusterError(f"in-place cost of layers [{cost.first}, {cost.stop}) needs "
+                                   f"a micro-batch >= 1 and seconds > 0, got "
+                                   f"{cost.micro_batch}, {cost.fwd_s} and {cost.bwd_s}")
         self.executor_gaps = tuple(x if isinstance(x, ExecutorGap) else ExecutorGap(**x)
                                    for x in self.executor_gaps)
         for row in self.executor_gaps:
@@ -370,6 +409,20 @@ class Cluster:
         None where that span was not measured."""
         return _span_at(self.checkpoint_extras, first, stop, size,
                         lambda x: max(x.seconds, 0.0))
+
+    def in_place_cost(self, first: int, stop: int, size: float, checkpointed: bool
+                      ) -> tuple[float, float] | None:
+        """Seconds of the forward and the backward of layers ``[first, stop)`` at ``size``
+        samples in that checkpoint mode, measured in place (:class:`InPlaceCost`, linear in
+        log2(size) between measured sizes, the nearest one's beyond them); None where that
+        span and mode were not measured."""
+        rows = [x for x in self.in_place_costs if x.checkpointed == checkpointed]
+        fwd = _span_at(rows, first, stop, size, lambda x: x.fwd_s)
+        if fwd is None:
+            return None
+        bwd = _span_at(rows, first, stop, size, lambda x: x.bwd_s)
+        assert bwd is not None  # (the same rows)
+        return fwd, bwd
 
     def executor_gap(self, first: int, stop: int, size: float, checkpointed: bool) -> float:
         """Seconds an action of layers ``[first, stop)`` at ``size`` samples pauses beyond
@@ -480,6 +533,8 @@ class Cluster:
                        executor_gaps=tuple(ExecutorGap(**x)
                                            for x in d.get("executor_gaps", ())),
                        executor_gap_base_s=float(d.get("executor_gap_base_s", 0.0)),
+                       in_place_costs=tuple(InPlaceCost(**x)
+                                            for x in d.get("in_place_costs", ())),
                        host_cores=int(d.get("host_cores", 0)),
                        device_sharing=str(d.get("device_sharing", "serial")),
                        device_speedup=tuple(d.get("device_speedup", ())),

@@ -167,10 +167,20 @@ class StepBuilder:
         layers = self.plan.stage_layers(s)
         gap = self.cluster.executor_gap(layers.start, layers.stop,
                                         self.plan.micro_batch_sizes[mb], self.plan.checkpointed(mb))
+        # (the stage's actions measured in place, where they were and nothing else reads
+        # the action in place already: an idle cost, a split backward)
+        placed = (self.cluster.in_place_cost(layers.start, layers.stop,
+                                             self.plan.micro_batch_sizes[mb],
+                                             self.plan.checkpointed(mb))
+                  if self.cluster.in_place_costs and measured is None
+                  and (s, mb) not in self.split and not self.idle_curve(s, mb, kind)
+                  else None)
         if kind == FORWARD:
             plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
             seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
                        if measured is None else measured)
+            if placed is not None:
+                seconds = placed[0]
             send = self._send(w, s, s + 1, "SEND_F", c.output_bytes) if s < n - 1 else None
             # transients are held while the forward runs; what it keeps stays at its end
             t = c.fwd_transient_bytes
@@ -245,7 +255,11 @@ class StepBuilder:
             alloc_start = parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = parts(*freed)
         idle = self.idle_curve(s, mb, BACKWARD) if kind == BACKWARD and measured is None else ()
-        if kind == BACKWARD and measured is None and recompute and not idle:
+        if kind == BACKWARD and placed is not None:
+            # its cost in place, the recomputation its profiled share of it
+            recompute *= placed[1] / seconds if seconds > 0 else 1.0
+            seconds = placed[1]
+        elif kind == BACKWARD and measured is None and recompute and not idle:
             # checkpointing's cost measured in place, where the action has no idle curve
             # (which would read it in place already): the plain backward and that extra,
             # the recomputation its profiled share of the extra

@@ -660,6 +660,26 @@ def test_checkpoint_extras_are_each_stages_checkpointed_backward_less_its_plain_
     assert all(0.0 < x.seconds < 0.1 for x in extras)
 
 
+def test_device_stage_costs_time_each_stage_alone_in_this_process_plain_and_checkpointed():
+    from executor.in_place import device_stage_costs, in_place_costs_of
+
+    job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
+    threads = torch.get_num_threads()
+    rows = device_stage_costs(job, [1, 3], [2, 8], device="cpu", rounds=2, phase_s=0.005)
+    assert torch.get_num_threads() == threads  # the caller's setting kept
+    assert sorted((r["first"], r["stop"], r["micro_batch"], r["checkpointed"]) for r in rows) \
+        == [(f, s, b, c) for f, s in ((0, 1), (1, 4)) for b in (2, 8) for c in (False, True)]
+    assert all(0.0 < r["fwd_s"] < 0.1 and 0.0 < r["bwd_s"] < 0.1 for r in rows)
+    # a checkpointed backward recomputes its forward first: dearer than the plain one
+    by = {(r["first"], r["micro_batch"], r["checkpointed"]): r["bwd_s"] for r in rows}
+    assert all(by[(f, b, True)] > by[(f, b, False)] for f in (0, 1) for b in (2, 8))
+    costs = in_place_costs_of(rows)
+    assert [(c.first, c.stop, c.fwd_s, c.bwd_s) for c in costs] == \
+        [(r["first"], r["stop"], r["fwd_s"], r["bwd_s"]) for r in rows]
+    with pytest.raises(ValueError, match="checkpoint modes must be 'never' or 'always'"):
+        device_stage_costs(job, [2, 2], [2], device="cpu", modes=("sometimes",))
+
+
 def test_executor_gaps_are_the_executors_seconds_around_each_action_in_place():
     from executor.calibrate import calibration_executor_gap
     from executor.in_place import executor_gaps_of

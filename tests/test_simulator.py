@@ -579,6 +579,56 @@ def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(
         Cluster([Device("a")], checkpoint_extras=(CheckpointExtra(0, 3, 2, float("nan")),))
 
 
+def test_an_action_measured_in_place_costs_that_alone_and_keeps_its_sharing_and_recompute_share():
+    from pipesim.cluster import IdleCost, InPlaceCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
+    two = [Device("a"), Device("b")]
+
+    def actions(cluster: Cluster, p: Plan = plan) -> dict[tuple[int, str], float]:
+        a = simulate(prof, p, cluster).actions.query("kind in ('F', 'B')")
+        return {(r.stage, r.kind): r.end - r.start for r in a.itertuples()}
+
+    # the profile's: F 1 s, the checkpointed B 3 s of which the recomputation 1 s
+    assert actions(Cluster(two)) == pytest.approx({(0, "F"): 1.0, (1, "F"): 1.0,
+                                                   (0, "B"): 3.0, (1, "B"): 3.0})
+    # stage 1 measured in place checkpointed: F 0.5 s, B 6 s (its recomputation keeps
+    # its third of it: 2 s); its plain row and stage 0 (unmeasured) leave the rest alone
+    costs = (InPlaceCost(1, 2, 1, True, 0.5, 6.0), InPlaceCost(1, 2, 1, False, 9.0, 9.0))
+    placed = Cluster(two, in_place_costs=costs)
+    assert actions(placed) == pytest.approx({(0, "F"): 1.0, (1, "F"): 0.5,
+                                             (0, "B"): 3.0, (1, "B"): 6.0})
+    recompute = simulate(prof, plan, placed).actions.query("kind == 'R' and stage == 1")
+    assert (recompute.end - recompute.start).tolist() == pytest.approx([2.0])
+    # the plain mode reads its own row
+    never = Plan([1, 1], 1, 1, checkpoint="never", schedule="gpipe")
+    assert actions(placed, never)[(1, "B")] == pytest.approx(9.0)
+    # an action with an idle curve reads its cost in place already; a replay's durations win
+    curve = (IdleCost(1, 2, 1, True, 1.0, 0.0, "F"),)
+    assert actions(Cluster(two, in_place_costs=costs, idle_costs=curve))[(1, "F")] == \
+        pytest.approx(1.0)
+    durations = {(s, k, 0): 1.0 for s in (0, 1) for k in ("F", "B")}
+    replay = simulate(prof, plan, placed, durations=durations)
+    assert (replay.actions.end - replay.actions.start).max() == pytest.approx(1.0)
+
+
+def test_in_place_costs_read_their_mode_in_log_size_are_validated_and_round_trip(tmp_path):
+    from pipesim.cluster import InPlaceCost
+    from pipesim.errors import ClusterError
+
+    c = Cluster([Device("a"), Device("b")], in_place_costs=(
+        InPlaceCost(0, 3, 2, False, 1e-3, 2e-3), InPlaceCost(0, 3, 8, False, 3e-3, 6e-3),
+        InPlaceCost(0, 3, 2, True, 5e-3, 9e-3)))
+    assert c.in_place_cost(0, 3, 4, False) == pytest.approx((2e-3, 4e-3))  # log2 halfway
+    assert c.in_place_cost(0, 3, 32, True) == pytest.approx((5e-3, 9e-3))  # nearest size's
+    assert c.in_place_cost(3, 6, 2, False) is None  # another span: not measured
+    assert Cluster.load(c.save(tmp_path / "c.json")).in_place_costs == c.in_place_costs
+    with pytest.raises(ClusterError, match=r"in-place cost of layers \[0, 3\) needs a "
+                                           r"micro-batch >= 1 and seconds > 0, got 2, 0.0"):
+        Cluster([Device("a")], in_place_costs=(InPlaceCost(0, 3, 2, True, 0.0, 1e-3),))
+
+
 def test_an_action_pauses_its_stages_executor_gap_beyond_the_calibration_pipelines():
     from pipesim.cluster import ExecutorGap
 
