@@ -23,6 +23,9 @@
 #           shares included, took 3 minutes on 2026-11-26; the grid also predicts every
 #           plan as threads of one process; its allocator snapshots check the
 #           reserved-memory estimate: python experiments/reserved_evidence.py afterwards);
+#           (it measures each stage of the grid in place before the grid: about 40 s
+#           for gpt + mlp fp32 on the H200; `gpu --in-place-only --out DIR` alone for a
+#           grid already in DIR);
 #   tests (about a minute);
 #   threads, gpu --stage-memory-only --stages 2 (the profiles the grid left), crossing;
 # carry .whl (simpy: pip download --no-deps -d .whl simpy==4.1.2, .whl ignored in
