@@ -48,7 +48,7 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, InPlaceCost, SpanSlowdown
+from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
 from pipesim.plan import Plan
 
 
@@ -385,14 +385,6 @@ def checkpoint_extras_of(rows: Sequence[dict]) -> list[CheckpointExtra]:
             for r in rows if r["checkpointed"]]
 
 
-def in_place_costs_of(rows: Sequence[dict]) -> list[InPlaceCost]:
-    """Each stage's forward and backward in place, per size and checkpoint mode
-    (:class:`pipesim.cluster.InPlaceCost`), from :func:`stage_costs`' or
-    :func:`device_stage_costs`' rows."""
-    return [InPlaceCost(r["first"], r["stop"], r["micro_batch"], r["checkpointed"],
-                        r["fwd_s"], r["bwd_s"]) for r in rows]
-
-
 def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
     """The executor's own seconds around each action, per stage, size and checkpoint mode
     (:class:`pipesim.cluster.ExecutorGap`), from :func:`stage_costs`' rows."""
@@ -490,5 +482,5 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
 
 
 __all__ = ["checkpoint_extras", "checkpoint_extras_of", "device_stage_costs",
-           "executor_gaps_of", "idle_costs", "in_place_costs_of",
+           "executor_gaps_of", "idle_costs",
            "stage_contention", "stage_costs"]

@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 
 from executor.calibrate import measure_thread_overhead
-from executor.in_place import device_stage_costs, in_place_costs_of
+from executor.in_place import device_stage_costs
 from executor.memory import tensor_bytes
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
@@ -48,7 +48,7 @@ from executor.profiler import device_name, profile
 from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine
 from experiments.validation import grid, predict_and_measure, save_measured_actions, summarise
-from pipesim.cluster import Cluster
+from pipesim.cluster import Cluster, in_place_costs_of
 from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
 from pipesim.profile import Profile

@@ -50,10 +50,9 @@ sys.path.insert(0, str(ROOT))
 import numpy as np
 import pandas as pd
 
-from executor.in_place import in_place_costs_of
 from experiments.common import write_results
 from experiments.validation import noise_floor, plan_columns, predict_saved
-from pipesim.cluster import Cluster
+from pipesim.cluster import Cluster, in_place_costs_of
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.simulator import simulate
@@ -445,7 +444,7 @@ def _gpu_grid(source: str, folder: Path) -> list[dict]:
         if costs:
             rows += _variants(source, model, dtype, profile,
                               dataclasses.replace(cluster,
-                                                  in_place_costs=tuple(in_place_costs_of(costs))),
+                                                  in_place_costs=in_place_costs_of(costs)),
                               plan,
                               r.measured_ms, r.bubble_meas, IN_PLACE_VARIANTS)
     return rows

@@ -19,11 +19,11 @@ import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
+from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost, in_place_costs_of
 from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
-from pipesim.simulator import Jitter, Simulator, simulate
+from pipesim.simulator import Jitter, simulate
 from pipesim.trace import Trace, metrics
 
 Measure = Callable[[list[Plan]], list[Trace]]
@@ -306,9 +306,10 @@ def predict_saved(folder: Path, tag: str = "cpu",
     their dicts) give a model's cluster host slowdowns measured in place
     (:func:`executor.in_place.stage_contention`; see :func:`in_place_readings`);
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
-    the seconds its stage was measured to take in place, where they were measured
-    (:func:`in_place_durations`); ``idle`` (model -> :class:`pipesim.cluster.IdleCost`
-    rows or their dicts) a model's cluster the actions' idle costs measured in place
+    the seconds its stage was measured to take in place, where they were measured (a
+    lone cost, its sharing the model's: :class:`pipesim.cluster.InPlaceCost`); ``idle``
+    (model -> :class:`pipesim.cluster.IdleCost` rows or their dicts) a model's cluster
+    the actions' idle costs measured in place
     (:func:`executor.in_place.idle_costs`): by default (None) those the run measured, as
     today's ``validate.py`` predicts with them (none in runs before 2026-11-25 evening);
     ``{}`` none; ``extras`` likewise the checkpoint's extras measured in place
@@ -318,13 +319,14 @@ def predict_saved(folder: Path, tag: str = "cpu",
     2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
     default the run's readings; a run without them predicts without the gaps)."""
     grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s)
+    # (each action at its stage's lone cost in place; how it shares the host stays the
+    # model's: pipesim.cluster.InPlaceCost)
+    clusters = {m: dataclasses.replace(c, in_place_costs=in_place_costs_of(costs[m]))
+                if costs and m in costs else c for m, c in grid.clusters.items()}
     now = []
     for r in grid.table.itertuples():
-        plan = grid.plan(r)
-        durations = (in_place_durations(plan, costs[r.model]) if costs and r.model in costs
-                     else None)
-        now.append(1e3 * metrics(simulate(grid.profiles[r.model], plan, grid.clusters[r.model],
-                                          durations=durations,
+        now.append(1e3 * metrics(simulate(grid.profiles[r.model], grid.plan(r),
+                                          clusters[r.model],
                                           track_memory=False)).iteration_time_s)
     table = grid.table.assign(predicted_ms_now=now)
     if "reference_ms" in table:  # runs that read the machine's speed beside each plan
@@ -397,37 +399,6 @@ def saved_grid(folder: Path, tag: str = "cpu",
                 executor_gaps=tuple(ExecutorGap(**x) if isinstance(x, dict) else x
                                     for x in gaps.get(m, ())))
     return SavedGrid(table, profiles, clusters, int(meta.get("batch", 32)))
-
-
-def in_place_durations(plan: Plan, rows: Sequence[dict]) -> dict[tuple[int, str, int], float]:
-    """``simulate``'s ``durations`` for ``plan`` from stage costs measured in place
-    (:func:`executor.in_place.stage_costs` rows): each forward and backward the seconds its
-    stage's layers took at its micro-batch's size, checkpointed or not as the plan has it;
-    actions whose stage, size or mode was not measured keep their profile."""
-    table = {(int(r["first"]), int(r["stop"]), int(r["micro_batch"]), bool(r["checkpointed"])):
-             (float(r["fwd_s"]), float(r["bwd_s"])) for r in rows}
-    out = {}
-    for s in range(plan.n_stages):
-        layers = plan.stage_layers(s)
-        for m, size in enumerate(plan.micro_batch_sizes):
-            measured = table.get((layers.start, layers.stop, size, plan.checkpointed(m)))
-            if measured is not None:
-                out[(s, "F", m)], out[(s, "B", m)] = measured
-    return out
-
-
-def in_place_scale(profile: Profile, plan: Plan, cluster: Cluster, rows: Sequence[dict]
-                   ) -> dict[tuple[int, str, int], float]:
-    """:class:`pipesim.simulator.Jitter`'s ``scale`` for ``plan`` from stage costs measured
-    in place (rows as :func:`in_place_durations` reads them): each forward and backward at
-    its stage's cost in place (over what the model gives it alone, its step's seconds), so
-    that how it shares the device, the interpreter and autograd's thread stays the
-    model's.  Unlike ``durations`` (a replay's, contention included), a lone cost."""
-    lone = {(step.stage, step.kind, mb): step.seconds
-            for program in Simulator(profile, plan, cluster, track_memory=False).programs
-            for mb, step in program}
-    return {key: seconds / lone[key] for key, seconds in in_place_durations(plan, rows).items()
-            if lone.get(key, 0.0) > 0}
 
 
 #: what each in-place measurement is called in a run's summary (``validation_TAG.json``)

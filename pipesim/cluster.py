@@ -167,6 +167,15 @@ class InPlaceCost:
     bwd_s: float
 
 
+def in_place_costs_of(rows: Sequence[dict]) -> tuple[InPlaceCost, ...]:
+    """:class:`InPlaceCost` rows from the dicts a measurement writes
+    (:func:`executor.in_place.stage_costs`, :func:`executor.in_place.device_stage_costs`:
+    ``first, stop, micro_batch, checkpointed, fwd_s, bwd_s``; other keys ignored)."""
+    return tuple(InPlaceCost(int(r["first"]), int(r["stop"]), int(r["micro_batch"]),
+                             bool(r["checkpointed"]), float(r["fwd_s"]), float(r["bwd_s"]))
+                 for r in rows)
+
+
 @dataclass(frozen=True)
 class ExecutorGap:
     """The executor's own seconds around each action of layers ``[first, stop)`` at
@@ -351,12 +360,12 @@ class Cluster:
                                f"{[list(p) for p in self.wakeup_curve]}")
         self.in_place_costs = tuple(x if isinstance(x, InPlaceCost) else InPlaceCost(**x)
                                     for x in self.in_place_costs)
-        for cost in self.in_place_costs:
-            if (not (math.isfinite(cost.fwd_s) and cost.fwd_s > 0 and math.isfinite(cost.bwd_s)
-                     and cost.bwd_s > 0) or cost.micro_batch < 1):
-                raise ClusterError(f"in-place cost of layers [{cost.first}, {cost.stop}) needs "
-                                   f"a micro-batch >= 1 and seconds > 0, got "
-                                   f"{cost.micro_batch}, {cost.fwd_s} and {cost.bwd_s}")
+        for cost_row in self.in_place_costs:
+            times = (cost_row.fwd_s, cost_row.bwd_s)
+            if not all(math.isfinite(t) and t > 0 for t in times) or cost_row.micro_batch < 1:
+                raise ClusterError(f"in-place cost of layers [{cost_row.first}, {cost_row.stop}) "
+                                   f"needs a micro-batch >= 1 and seconds > 0, got "
+                                   f"{cost_row.micro_batch}, {cost_row.fwd_s} and {cost_row.bwd_s}")
         self.executor_gaps = tuple(x if isinstance(x, ExecutorGap) else ExecutorGap(**x)
                                    for x in self.executor_gaps)
         for row in self.executor_gaps:

@@ -621,7 +621,9 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
 
 def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_mode():
     from executor.in_place import stage_costs
-    from experiments.validation import in_place_durations
+    from executor.profiler import profile
+    from pipesim.cluster import Cluster, in_place_costs_of
+    from pipesim.simulator import simulate
 
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
     rows = stage_costs(job, [1, 3], [2, 8], rounds=2, phase_s=0.005, pin_cores=False)
@@ -631,17 +633,34 @@ def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_m
     assert all(r["fwd_s"] > 0 and r["bwd_s"] > 0 for r in rows)
     # and the executor's own seconds around each action: some, far less than the step's
     assert all(0.0 < r["between_s"] < r["fwd_s"] + r["bwd_s"] + 0.01 for r in rows)
-    # a plan's actions take those seconds: its stage, its micro-batch's size, its mode
+    # a plan's actions cost those seconds: its stage, its micro-batch's size, its mode
+    module, loss_fn, x, y = job()
+    prof = profile(module, (x, y), [2, 4, 8], loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False)
     plan = Plan([1, 3], 4, 8, checkpoint="except_last")  # 4 micro-batches of 2 samples
-    durations = in_place_durations(plan, rows)
+    placed = Cluster.free(2)
+    placed.in_place_costs = in_place_costs_of(rows)
+    acts = simulate(prof, plan, placed, track_memory=False).actions
+    took = {(r.stage, r.kind, r.microbatch): r.end - r.start for r in acts.itertuples()}
     cost = {(r["first"], r["checkpointed"]): (r["fwd_s"], r["bwd_s"]) for r in rows
             if r["micro_batch"] == 2}
-    assert durations[(1, "F", 0)] == cost[(1, True)][0]
-    assert durations[(1, "B", 3)] == cost[(1, False)][1]  # the last micro-batch: not
-    assert durations[(0, "F", 2)] == cost[(0, True)][0]
-    assert len(durations) == 2 * 2 * 4
-    # a size not measured keeps the profile's seconds
-    assert in_place_durations(Plan([1, 3], 2, 8), rows) == {}
+    assert took[(1, "F", 0)] == pytest.approx(cost[(1, True)][0])
+    assert took[(1, "B", 3)] == pytest.approx(cost[(1, False)][1])  # the last one: plain
+    assert took[(0, "F", 2)] == pytest.approx(cost[(0, True)][0])
+    # a size between two measured ones reads between them (log2 of the size); a balance
+    # whose stages were not measured keeps the profile's seconds
+    four = simulate(prof, Plan([1, 3], 2, 8, checkpoint="never"), placed,
+                    track_memory=False).actions.query("stage == 1 and kind == 'F'")
+    plain = {r["micro_batch"]: r["fwd_s"] for r in rows
+             if r["first"] == 1 and not r["checkpointed"]}
+    assert (four.end - four.start).tolist() == pytest.approx([(plain[2] + plain[8]) / 2] * 2)
+
+    def seconds(cluster: Cluster) -> list[float]:
+        a = simulate(prof, Plan([2, 2], 2, 8, checkpoint="never"), cluster,
+                     track_memory=False).actions
+        return (a.end - a.start).tolist()
+
+    assert seconds(placed) == pytest.approx(seconds(Cluster.free(2)))
     with pytest.raises(ValueError, match="checkpoint modes must be 'never' or 'always'"):
         stage_costs(job, [2, 2], [2], modes=("sometimes",))
     with pytest.raises(ValueError, match="at least 2 stages"):
@@ -661,7 +680,8 @@ def test_checkpoint_extras_are_each_stages_checkpointed_backward_less_its_plain_
 
 
 def test_device_stage_costs_time_each_stage_alone_in_this_process_plain_and_checkpointed():
-    from executor.in_place import device_stage_costs, in_place_costs_of
+    from executor.in_place import device_stage_costs
+    from pipesim.cluster import in_place_costs_of
 
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
     threads = torch.get_num_threads()

@@ -1786,6 +1786,27 @@ def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_la
     assert measured_laws(tmp_path / "nowhere") == {}
 
 
+def test_in_place_costs_beside_a_gpu_grid_are_each_figures_median_over_the_readings(tmp_path):
+    import json
+
+    from experiments.repredict_evidence import in_place_costs
+
+    def row(first: int, fwd: float) -> dict:
+        return {"first": first, "stop": first + 1, "micro_batch": 2, "checkpointed": False,
+                "fwd_s": fwd, "bwd_s": 2 * fwd, "between_s": 0.0}
+
+    readings = {"in_place_costs_gpu.json": [row(0, 1.0), row(1, 4.0)],
+                "in_place_costs_gpu_repeat.json": [row(0, 3.0), row(1, 4.0)]}
+    for name, rows in readings.items():
+        (tmp_path / name).write_text(json.dumps({"mlp/float32/2st": rows,
+                                                 "_machine": {"device_name": "x"}}))
+    pooled = in_place_costs(tmp_path)
+    assert list(pooled) == ["mlp/float32/2st"]  # the machine's note is no grid
+    assert [(r["first"], r["fwd_s"], r["bwd_s"]) for r in pooled["mlp/float32/2st"]] == [
+        (0, 2.0, 4.0), (1, 4.0, 8.0)]
+    assert in_place_costs(tmp_path / "nowhere") == {}
+
+
 def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
     import pandas as pd
 
