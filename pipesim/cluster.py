@@ -268,7 +268,9 @@ class Cluster:
     #: an action of a span with rows (its checkpoint mode's) costs that alone, in place of
     #: its profile seconds, its overhead and, checkpointed, its recomputation and the
     #: checkpoint's costs (the recomputation keeps its profiled share); not where the
-    #: action has an idle cost to read, nor for a split backward.  Empty: the profile's
+    #: action has an idle cost to read, nor for a split backward.  Empty: the profile's.
+    #: (Plans whose balances were measured and plans whose were not are priced by two
+    #: different rulers: to compare balances, as the tuner does, measure them all or none.)
     in_place_costs: tuple[InPlaceCost, ...] = ()
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no
