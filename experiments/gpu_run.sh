@@ -17,8 +17,10 @@
 #           costs at once, mlp alone was still in its after-grid readings at 345 s and
 #           was cut: h200-2026-11-26/README.md), then CPU16_STAGES=8 (its mlp quick grid
 #           alone took 4 minutes);
-#   gpu --stages 2 --dtypes float32 --out experiments/results/gpu/NEW-FOLDER under
-#           `timeout 560` (a folder of its own: the default one holds the 2026-11-23 H100
+#   gpu --stages 2 --dtypes float32 --no-stage-memory --out experiments/results/gpu/NEW-FOLDER
+#           under `timeout 560` (2026-11-26 on an H200: 540 s with the stage memory, 80 s
+#           of it, and before the in-place costs, about 40-80 s more; a folder of its
+#           own: the default one holds the 2026-11-23 H100
 #           run that repredict_evidence.py reads; gpt fp32's profile alone, interpreter
 #           shares included, took 3 minutes on 2026-11-26; the grid also predicts every
 #           plan as threads of one process; its allocator snapshots check the
@@ -27,7 +29,10 @@
 #           for gpt + mlp fp32 on the H200; `gpu --in-place-only --out DIR` alone for a
 #           grid already in DIR);
 #   tests (about a minute);
-#   threads, gpu --stage-memory-only --stages 2 (the profiles the grid left), crossing;
+#   threads (two stage threads of a launch-bound GPT: each kind of action beside each
+#           other kind, the pairs the H200 grid's 2-sample plans need: see
+#           experiments/README.md, "Measured on an H200"), gpu --stage-memory-only
+#           --stages 2 (the profiles the grid left), crossing;
 # carry .whl (simpy: pip download --no-deps -d .whl simpy==4.1.2, .whl ignored in
 # .git/info/exclude) and the results of earlier calls, committed, travel with the tree.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),

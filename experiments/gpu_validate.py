@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--stages", default="2,4")
     ap.add_argument("--stage-memory-only", action="store_true",
                     help="only step 4, from the profiles a grid run left in --out")
+    ap.add_argument("--no-stage-memory", action="store_true",
+                    help="skip step 4 (about 80 s on an H200; --stage-memory-only later)")
     ap.add_argument("--in-place-rounds", type=int, default=10,
                     help="rounds of each stage's steps measured in place (medians)")
     ap.add_argument("--in-place-only", action="store_true",
@@ -273,7 +275,8 @@ def main() -> None:
                       f"({time.time() - t_start:.0f} s)", flush=True)
     table = pd.concat(tables, ignore_index=True)
     table.to_csv(out / "validation_gpu.csv", index=False)
-    stage_memory(models, args, out)
+    if not args.no_stage_memory:
+        stage_memory(models, args, out)
     per_grid = {label: summarise(part) for label, part in table.groupby("model")}
     (out / "validation_gpu.json").write_text(json.dumps({"env": env, "per_grid": per_grid,
                                                          "overall": summarise(table)}, indent=2))

@@ -91,14 +91,23 @@ def _on(stream: torch.cuda.Stream | None):
 
 def _median_s(fn: Callable[[], None], device: torch.device, repeats: int,
               stream: torch.cuda.Stream | None) -> float:
+    """Median seconds of ``fn`` issued to ``stream`` until that stream is done: its own
+    stream only, so that the other thread's kernels in flight on its stream are not
+    waited for (a device-wide synchronise would time them too)."""
+    def done() -> None:
+        if stream is not None:
+            stream.synchronize()
+        else:
+            synchronize(device)
+
     times = []
     with _on(stream):
         fn()
-        synchronize(device)
+        done()
         for _ in range(repeats):
             t0 = time.perf_counter()
             fn()
-            synchronize(device)
+            done()
             times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
