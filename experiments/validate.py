@@ -70,13 +70,13 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import CheckpointExtra, ExecutorGap
+from pipesim.cluster import CheckpointExtra, ExecutorGap, InPlaceCost, in_place_costs_of
 from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
 
 #: rows measured in place that validate.py brackets: a reading before and after each grid
-Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap)
+Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap, InPlaceCost)
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -187,6 +187,7 @@ def main() -> None:
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
     checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
     executor_rows: dict[str, list[dict]] = {}  # model -> ExecutorGap rows
+    in_place_rows: dict[str, list[dict]] = {}  # model -> InPlaceCost rows
     per_model: dict[str, dict[str, float]] = {}
     measured_all: list = []
     actions_path = results / f"validation_{tag}_actions.csv.gz"
@@ -198,6 +199,7 @@ def main() -> None:
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
                    "checkpoint_extras": checkpoint_rows, "executor_gaps": executor_rows,
+                   "in_place_costs": in_place_rows,
                    "profile_drift_pct": drifts, "phase_seconds": clock.seconds,
                    "cut_short": True}
         (results / f"validation_{tag}.json").write_text(json.dumps(
@@ -254,15 +256,17 @@ def main() -> None:
         # measured again after the grid and predicted with the mean, as the profile (two
         # readings 40 minutes apart put MLP's last stage's 0.95-1.78 ms against 0.64-1.2)
         # and, from the same steps, each stage's own executor seconds between actions
-        # (--executor-gaps, the default), bracketed alike
+        # (--executor-gaps, the default), bracketed alike; and the stages' own costs in
+        # place (the ablation in_place_costs: each action at them, pipesim.cluster.InPlaceCost)
         def measure_stages(job=job, balances=balances, sizes=sizes_of_plans
-                           ) -> tuple[list[CheckpointExtra], list[ExecutorGap]]:
+                           ) -> tuple[list[CheckpointExtra], list[ExecutorGap], list[InPlaceCost]]:
             if not (args.checkpoint_extras or args.executor_gaps):
-                return [], []
+                return [], [], []
             rows = [row for balance in balances for row in stage_costs(
                 job, balance, sizes, threads=args.threads, pin_cores=args.pin)]
             return (checkpoint_extras_of(rows) if args.checkpoint_extras else [],
-                    executor_gaps_of(rows) if args.executor_gaps else [])
+                    executor_gaps_of(rows) if args.executor_gaps else [],
+                    list(in_place_costs_of(rows)))
 
         stages_before = measure_stages()
         clock.mark(f"{name}: stage costs")
@@ -304,8 +308,10 @@ def main() -> None:
         clock.mark(f"{name}: stage costs")
         extras = mean_readings(stages_before[0], stages_after[0])
         executor = mean_readings(stages_before[1], stages_after[1])
+        placed = mean_readings(stages_before[2], stages_after[2])
         checkpoint_rows[name] = [dataclasses.asdict(row) for row in extras]
         executor_rows[name] = [dataclasses.asdict(row) for row in executor]
+        in_place_rows[name] = [dataclasses.asdict(row) for row in placed]
         keep_readings()
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
@@ -342,6 +348,8 @@ def main() -> None:
                          model_cluster, checkpoint_extras=()))} if extras else {}),
                      **({"no_executor_gaps": (prof, dataclasses.replace(
                          model_cluster, executor_gaps=()))} if executor else {}),
+                     **({"in_place_costs": (prof, dataclasses.replace(
+                         model_cluster, in_place_costs=tuple(placed)))} if placed else {}),
                      "no_wakeup_curve": (prof, dataclasses.replace(model_cluster,
                                                                    wakeup_curve=())),
                      # one gap for every action, the mean over all (before 2026-11-24)
@@ -396,6 +404,7 @@ def main() -> None:
     summary["idle_costs"] = idle
     summary["checkpoint_extras"] = checkpoint_rows
     summary["executor_gaps"] = executor_rows
+    summary["in_place_costs"] = in_place_rows
     summary["per_model"] = per_model  # each model's error beside its own pass noise
     summary["tuner_choices"] = choices
     summary["phase_seconds"] = clock.seconds  # wall seconds per phase (PhaseClock)
@@ -416,15 +425,22 @@ def main() -> None:
     print(f"wrote {path}")
 
 
+#: the fields of a reading's row that are measured seconds (the others are its key)
+SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s")
+
+
 def mean_readings(*readings: list[Reading]) -> list[Reading]:
-    """Each row's ``seconds`` the mean of the readings that have its key (every other
-    field: span, size, mode), for rows such as CheckpointExtra and ExecutorGap."""
-    seconds: dict[Reading, list[float]] = {}
+    """Each row's seconds (:data:`SECONDS_FIELDS`) the mean of the readings that have its
+    key (every other field: span, size, mode), for rows such as CheckpointExtra,
+    ExecutorGap and InPlaceCost."""
+    values: dict[Reading, list[Reading]] = {}
     for reading in readings:
         for x in reading:
-            seconds.setdefault(dataclasses.replace(x, seconds=0.0), []).append(x.seconds)
-    return [dataclasses.replace(key, seconds=sum(v) / len(v))
-            for key, v in sorted(seconds.items(), key=lambda kv: dataclasses.astuple(kv[0]))]
+            fields = [f.name for f in dataclasses.fields(x) if f.name in SECONDS_FIELDS]
+            values.setdefault(dataclasses.replace(x, **dict.fromkeys(fields, 0.0)), []).append(x)
+    return [dataclasses.replace(key, **{f: sum(getattr(x, f) for x in rows) / len(rows)
+                                        for f in SECONDS_FIELDS if hasattr(key, f)})
+            for key, rows in sorted(values.items(), key=lambda kv: dataclasses.astuple(kv[0]))]
 
 
 def repredict(results: Path, tag: str) -> None:

@@ -1786,6 +1786,19 @@ def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_la
     assert measured_laws(tmp_path / "nowhere") == {}
 
 
+def test_two_readings_of_in_place_rows_are_averaged_per_span_size_and_mode():
+    from experiments.validate import mean_readings
+    from pipesim.cluster import CheckpointExtra, InPlaceCost
+
+    before = [InPlaceCost(0, 2, 4, True, 1.0, 3.0), InPlaceCost(2, 4, 4, True, 5.0, 5.0)]
+    after = [InPlaceCost(0, 2, 4, True, 2.0, 5.0), InPlaceCost(0, 2, 4, False, 1.0, 1.0)]
+    assert mean_readings(before, after) == [InPlaceCost(0, 2, 4, False, 1.0, 1.0),
+                                            InPlaceCost(0, 2, 4, True, 1.5, 4.0),
+                                            InPlaceCost(2, 4, 4, True, 5.0, 5.0)]
+    assert mean_readings([CheckpointExtra(0, 2, 4, 1.0)], [CheckpointExtra(0, 2, 4, 2.0)]) == \
+        [CheckpointExtra(0, 2, 4, 1.5)]
+
+
 def test_in_place_costs_beside_a_gpu_grid_are_each_figures_median_over_the_readings(tmp_path):
     import json
 
