@@ -10,7 +10,9 @@
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
-# each command under `timeout`), one grid a session, in this order:
+# each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
+# fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next cpu16, then threads with
+# tests, then gpu):
 #   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 alone in one
 #           call under `timeout 560`, then gpt alike (2026-11-26 without idle costs: both
 #           models' 4-rank grid in 7 minutes on the H200 host, 8.1% / 32.5%; with idle
