@@ -1799,6 +1799,30 @@ def test_two_readings_of_in_place_rows_are_averaged_per_span_size_and_mode():
         [CheckpointExtra(0, 2, 4, 1.5)]
 
 
+def test_interference_by_kind_reads_each_actions_excess_and_its_overlap_by_kind():
+    import pandas as pd
+
+    from experiments.interference_by_kind import fit, overlaps
+    from pipesim.cluster import InPlaceCost
+
+    plan = Plan([1, 1], 2, 2, checkpoint="except_last", schedule="gpipe")  # mb 0 checkpointed
+    cluster = Cluster([Device("a"), Device("b")], in_place_costs=(
+        InPlaceCost(0, 1, 1, True, 1.0, 2.0), InPlaceCost(1, 2, 1, False, 1.0, 2.0)))
+    #   stage 0   Bc(0)  |== 3 s ==|          its lone cost 2 s: 1 s over, beside 2 s of F
+    #   stage 1   F(1)        |= 2 s =|       its lone cost 1 s: 1 s over, beside 2 s of Bc
+    actions = pd.DataFrame([(0, 0, 0, "B", 0.0, 3.0), (0, 1, 1, "F", 1.0, 3.0)],
+                           columns=["iteration", "stage", "microbatch", "kind", "start", "end"])
+    rows = overlaps(plan, cluster, actions)
+    assert [(r["kind"], r["excess_s"], r["overlap_F"], r["overlap_Bc"]) for r in rows] == [
+        ("Bc", 1.0, 2.0, 0.0), ("F", 1.0, 0.0, 2.0)]
+    # an unmeasured span is left out; the fit recovers a known slope per pair of kinds
+    assert overlaps(plan, Cluster([Device("a"), Device("b")]), actions) == []
+    table = pd.DataFrame([{"model": "m", "kind": "F", "excess_s": 0.5 * o,
+                           "overlap_F": 0.0, "overlap_Fc": 0.0, "overlap_B": 0.0,
+                           "overlap_Bc": o} for o in (1.0, 2.0, 4.0)])
+    assert fit(table).iloc[0]["beside_Bc"] == pytest.approx(0.5)
+
+
 def test_in_place_costs_beside_a_gpu_grid_are_each_figures_median_over_the_readings(tmp_path):
     import json
 
