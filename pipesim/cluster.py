@@ -270,7 +270,8 @@ class Cluster:
     #: checkpoint's costs (the recomputation keeps its profiled share); not where the
     #: action has an idle cost to read, nor for a split backward.  Empty: the profile's.
     #: (Plans whose balances were measured and plans whose were not are priced by two
-    #: different rulers: to compare balances, as the tuner does, measure them all or none.)
+    #: different rulers: to compare balances, as the tuner does, measure them all or none;
+    #: :func:`pipesim.tune.tune` warns when its candidates mix the two.)
     in_place_costs: tuple[InPlaceCost, ...] = ()
     #: compute actions a host runs at once (its cores over the threads a worker uses);
     #: beyond that they are time-sliced (see :func:`pipesim.contention.host_law`); 0: no

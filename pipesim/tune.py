@@ -17,6 +17,7 @@ device; if none fits, the error says the smallest peak any candidate needs.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -44,6 +45,17 @@ class TuneResult:
     @property
     def best(self) -> Plan:
         return self.plans[0]
+
+
+def _priced_in_place(plan: Plan, cluster: Cluster) -> bool:
+    """Whether every action of ``plan`` is priced by its stage's cost measured in place
+    (:attr:`pipesim.cluster.Cluster.in_place_costs`: each stage's span in each checkpoint
+    mode the plan uses)."""
+    size = plan.micro_batch_sizes[0]
+    modes = {plan.checkpointed(m) for m in range(plan.n_microbatches)}
+    return all(cluster.in_place_cost(layers.start, layers.stop, size, mode) is not None
+               for layers in (plan.stage_layers(s) for s in range(plan.n_stages))
+               for mode in modes)
 
 
 def stage_balance(profile: Profile, n_stages: int, micro_batch: float, checkpoint: str,
@@ -156,9 +168,17 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                                  "iteration_s": m.iteration_time_s, "throughput": m.throughput,
                                  "bubble": m.mean_bubble, "peak_bytes": peak,
                                  "reserved_bytes": max(reserved.values(), default=math.nan),
-                                 "fits": fits, "from_partition": balance == base})
+                                 "fits": fits, "from_partition": balance == base,
+                                 **({"in_place": _priced_in_place(plan, cluster)}
+                                    if cluster.in_place_costs else {})})
     bar.close()
     table = pd.DataFrame(rows)
+    if cluster.in_place_costs and 0 < table["in_place"].sum() < len(table):
+        warnings.warn(
+            f"tune: {int(table['in_place'].sum())} of {len(table)} candidates have every stage "
+            "measured in place (cluster.in_place_costs), the others are priced by the profile: "
+            "two rulers, whose ranking favours whichever reads cheaper; measure every balance "
+            "the tuner tries, or none (see the table's 'in_place' column)", stacklevel=2)
     fitting = table[table["fits"]].sort_values(["throughput", "peak_bytes"],
                                                ascending=[False, True])
     if fitting.empty:

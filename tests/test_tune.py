@@ -81,3 +81,32 @@ def test_a_budget_near_1f1b_memory_rules_out_zb_h2():
     best = tune(prof, 2, 16, budget, schedules=kinds, chunks=[8], checkpoints=("never",),
                 refine=False).best
     assert best.schedule == "zb-h1"
+
+
+def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
+    import warnings
+
+    from pipesim.cluster import InPlaceCost
+
+    prof = uniform_profile(4)
+    two = [Device("a"), Device("b")]
+
+    def tuned(cluster: Cluster):
+        return tune(prof, 2, 8, memory_budget=1e12, cluster=cluster, chunks=[2],
+                    checkpoints=["never"], schedules=["gpipe"], progress=False)
+
+    # the partition [2,2] measured in place, its neighbours [1,3] and [3,1] not
+    measured = tuple(InPlaceCost(first, stop, 4, False, 1.0, 2.0)
+                     for first, stop in ((0, 2), (2, 4)))
+    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage measured "
+                                         r"in place .* two rulers"):
+        result = tuned(Cluster(two, in_place_costs=measured))
+    assert result.table.set_index("balance")["in_place"].to_dict() == {
+        "2,2": True, "1,3": False, "3,1": False}
+    # every candidate measured, or none: one ruler, no warning
+    every = tuple(InPlaceCost(first, stop, 4, False, 1.0, 2.0)
+                  for first, stop in ((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuned(Cluster(two, in_place_costs=every)).table["in_place"].all()
+        assert "in_place" not in tuned(Cluster(two)).table
