@@ -240,11 +240,11 @@ def main() -> None:
                     return traces
 
                 # ablations: the same plans with the profile's costs; under the law the
-                # size scaling implies (the
-                # device alone); and that law with the workers as threads of one process,
-                # holding its interpreter for their forwards' measured shares and slowdowns
-                # and issuing their backwards in turn on autograd's one thread for the GPU
-                # (the host's part the measured law folds in, modelled action by action)
+                # size scaling implies (the device alone); and that law with the workers
+                # as threads of one process, holding its interpreter for their forwards'
+                # measured shares and slowdowns and issuing their backwards in turn on
+                # autograd's one thread for the GPU (the host's part the measured law
+                # folds in, modelled action by action)
                 threads = dataclasses.replace(placed, devices=[
                     dataclasses.replace(d, process="workers") for d in placed.devices])
                 # (and that without the checkpoint's hooks holding the interpreter on
