@@ -619,6 +619,7 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
         stage_contention(job, [2, 2], [16])
 
 
+@pytest.mark.filterwarnings("ignore:profile.*noisy")  # (one repeat: its noise is no matter)
 def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_mode():
     from executor.in_place import stage_costs
     from executor.profiler import profile
