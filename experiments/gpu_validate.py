@@ -94,43 +94,39 @@ def stage_memory(models: dict, args: argparse.Namespace, out: Path) -> pd.DataFr
     return table
 
 
-def in_place_rows(prof: Profile, job: functools.partial, n_stages: int,
-                  args: argparse.Namespace) -> list[dict]:
-    """Each stage of the grid's balances for ``prof`` measured in place on the GPU, alone,
-    plain and checkpointed at every size of the profile
-    (:func:`executor.in_place.device_stage_costs`): the costs the prediction gives each
-    action (:class:`pipesim.cluster.InPlaceCost`)."""
+def in_place_rows(prof: Profile, name: str, dtype: str, model_sizes: dict, n_stages: int,
+                  args: argparse.Namespace, out: Path) -> list[dict]:
+    """Each stage of the grid's balances for ``prof`` (the built-in model ``name``)
+    measured in place on the GPU, alone, plain and checkpointed at every size of the
+    profile (:func:`executor.in_place.device_stage_costs`): the costs the prediction gives
+    each action (:class:`pipesim.cluster.InPlaceCost`).  Added to
+    ``out/in_place_costs_gpu.json`` (``{"model/dtype/2st": rows, "_machine": ...}``) as
+    each model is done."""
+    t0 = time.time()
+    job = functools.partial(builtin_job, name, args.batch, dtype=dtype, **model_sizes)
     balances = sorted({tuple(p.balance) for p in grid(prof, n_stages, args.batch)})
-    return [row for balance in balances
+    rows = [row for balance in balances
             for row in device_stage_costs(job, balance, prof.micro_batch_sizes,
                                           device=args.device, rounds=args.in_place_rounds)]
-
-
-def save_in_place(out: Path, label: str, rows: list[dict], args: argparse.Namespace) -> None:
-    """Add ``label``'s rows to ``out/in_place_costs_gpu.json`` (``{"model/dtype/2st":
-    rows, "_machine": ...}``), written as each model is done."""
+    label = f"{name}/{dtype}/{n_stages}st"
     path = out / "in_place_costs_gpu.json"
     found = json.loads(path.read_text()) if path.exists() else {}
     found[label] = rows
     found["_machine"] = {**machine(), "device_name": device_name(torch.device(args.device)),
                          "torch": torch.__version__}
     path.write_text(json.dumps(found, indent=1))
+    print(f"in place {label}: {len(rows)} rows ({time.time() - t0:.0f} s)", flush=True)
+    return rows
 
 
 def measure_in_place(models: dict, args: argparse.Namespace, out: Path) -> None:
     """:func:`in_place_rows` for every model of a grid run already in ``out`` (its
-    profiles), saved as the grid saves them (:func:`save_in_place`)."""
+    profiles)."""
     for n_stages in [int(s) for s in args.stages.split(",")]:
         for dtype in args.dtypes.split(","):
             for name, model_sizes in models.items():
                 prof = Profile.load(out / f"profile_{name}_{dtype}.csv")
-                job = functools.partial(builtin_job, name, args.batch, dtype=dtype,
-                                        **model_sizes)
-                t0 = time.time()
-                rows = in_place_rows(prof, job, n_stages, args)
-                save_in_place(out, f"{name}/{dtype}/{n_stages}st", rows, args)
-                print(f"in place {name}/{dtype}/{n_stages}st: {len(rows)} rows "
-                      f"({time.time() - t0:.0f} s)", flush=True)
+                in_place_rows(prof, name, dtype, model_sizes, n_stages, args, out)
 
 
 def main() -> None:
@@ -193,9 +189,7 @@ def main() -> None:
                 # each stage of the grid measured in place, alone: the costs the
                 # prediction gives its actions (the profile's: ablation profile_costs)
                 label = f"{name}/{dtype}/{n_stages}st"
-                rows = in_place_rows(prof, functools.partial(
-                    builtin_job, name, args.batch, dtype=dtype, **model_sizes), n_stages, args)
-                save_in_place(out, label, rows, args)
+                rows = in_place_rows(prof, name, dtype, model_sizes, n_stages, args, out)
                 placed = dataclasses.replace(cluster, in_place_costs=in_place_costs_of(rows))
                 scaling = dict(prof.meta)
                 scaling.pop("stream_speedup")  # (the interpreter shares: data for now)

@@ -167,13 +167,16 @@ class StepBuilder:
         layers = self.plan.stage_layers(s)
         gap = self.cluster.executor_gap(layers.start, layers.stop,
                                         self.plan.micro_batch_sizes[mb], self.plan.checkpointed(mb))
+        # what a wait before it costs (a forward's or a full backward's, not a replay's)
+        idle = (self.idle_curve(s, mb, kind) if kind in (FORWARD, BACKWARD) and measured is None
+                else ())
         # (the stage's actions measured in place, where they were and nothing else reads
         # the action in place already: an idle cost, a split backward)
         placed = (self.cluster.in_place_cost(layers.start, layers.stop,
                                              self.plan.micro_batch_sizes[mb],
                                              self.plan.checkpointed(mb))
                   if self.cluster.in_place_costs and measured is None
-                  and (s, mb) not in self.split and not self.idle_curve(s, mb, kind)
+                  and (s, mb) not in self.split and not idle
                   else None)
         if kind == FORWARD:
             plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
@@ -191,7 +194,7 @@ class StepBuilder:
                          recv_bytes=recv,
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
                          interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
-                         idle_curve=self.idle_curve(s, mb, FORWARD) if measured is None else (),
+                         idle_curve=idle,
                          gap_s=gap,
                          issue_s=0.0 if measured is not None else seconds * c.host_fwd_share)
         in_grad = boundary
@@ -254,7 +257,6 @@ class StepBuilder:
             seconds = c.bwd_s + recompute + overhead
             alloc_start = parts(*gradient_start, (TEMPORARIES, transient))
             alloc_end = parts(*freed)
-        idle = self.idle_curve(s, mb, BACKWARD) if kind == BACKWARD and measured is None else ()
         if kind == BACKWARD and placed is not None:
             # its cost in place, the recomputation its profiled share of it
             recompute *= placed[1] / seconds if seconds > 0 else 1.0
