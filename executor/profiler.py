@@ -380,7 +380,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
             loss_fn: LossFn | None = None, repeats: int = 5, warmup: int = 2,
             dtype: torch.dtype | None = None, progress: bool = True,
             checkpointed: bool = True, split: bool = True, streams: int = 0,
-            interpreter: bool = False, repeated: bool = False,
+            interpreter: bool = False, pairs: bool = False, repeated: bool = False,
             meta: dict | None = None) -> Profile:
     """Profile every layer of ``model`` at each size in ``micro_batch_sizes``.
 
@@ -403,7 +403,11 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     share of each pass (forward, backward, and both checkpointed) that holds the
     interpreter and its slowdown there while contended (:func:`measure_interpreter_share`,
     ``meta["interpreter_share"]``, ``meta["interpreter_slowdown"]``): what the simulator
-    needs for stages that are threads of one process.  ``repeated`` also times the whole
+    needs for stages that are threads of one process.  ``pairs`` also measures, at each
+    size, how much longer each of those passes takes while another thread runs each of
+    them (:func:`measure_pair_slowdown`, ``meta["pair_slowdown"]``; 16 pairs, on a GPU
+    some 5-15 s a size): what :attr:`pipesim.cluster.Cluster.thread_pairs` predicts
+    with.  ``repeated`` also times the whole
     model's forwards back to back and backwards back to back (:func:`_time_whole_repeated`,
     ``whole_model[size]["fwd_repeat_s"/"bwd_repeat_s"]``, read by
     :meth:`pipesim.Profile.repeat_factor`; a measurement the simulator does not apply, and
@@ -532,7 +536,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     shares: dict[str, dict[str, float]] = {}
     slowdowns: dict[str, dict[str, float]] = {}
     engine_shares: dict[str, dict[str, float]] = {}
-    for b in sizes if streams > 1 or interpreter else ():
+    pair_ratios: dict[str, dict[str, float]] = {}
+    for b in sizes if streams > 1 or interpreter or pairs else ():
         x0 = inputs[:b].to(device)
         if dtype is not None and x0.is_floating_point():
             x0 = x0.to(dtype)
@@ -548,6 +553,9 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                                                          device, shares[str(b)])
                 if hooks is not None:
                     engine_shares[str(b)] = hooks
+        if pairs:
+            pair_ratios[str(b)] = measure_pair_slowdown(model, loss_fn or _sum_loss, x0, y0,
+                                                        device)
     if law:
         info["stream_speedup"] = law
     if shares:
@@ -555,6 +563,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
         info["interpreter_slowdown"] = slowdowns
     if engine_shares:
         info["engine_interpreter_share"] = engine_shares
+    if pair_ratios:
+        info["pair_slowdown"] = pair_ratios
     info.update(meta or {})
     return Profile(table=table, meta=info)
 
@@ -726,16 +736,7 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
     forwards together took 2.6-3.5x one alone (plain ones 1.8-2.0x).
     """
     dev = torch.device(device)
-    xs, ys = x.to(dev), y.to(dev)
-    passes: dict[str, list[Callable[[], object]]] = {"F": [], "B": [], "Fc": [], "Bc": []}
-    for _ in range(2):
-        replica = copy.deepcopy(module).to(dev)
-        passes["F"].append(functools.partial(replica, xs))
-        passes["Fc"].append(functools.partial(checkpoint, replica, xs, use_reentrant=False))
-        loss = loss_fn(replica(xs), ys)
-        passes["B"].append(functools.partial(loss.backward, retain_graph=True))
-        recomputing = loss_fn(checkpoint(replica, xs, use_reentrant=False), ys)
-        passes["Bc"].append(functools.partial(recomputing.backward, retain_graph=True))
+    passes = _passes(module, loss_fn, x, y, dev, 2)
     shares, slowdowns = {}, {}
     for kind, steps in passes.items():
         # long enough to time (a tiny pass 20 times is mostly the threads' start), and the
@@ -749,6 +750,61 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
         shares[kind] = min(max(ratio / 2, 0.0), 1.0)
         slowdowns[kind] = max(ratio / 2, 1.0)
     return shares, slowdowns
+
+
+def _passes(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+            device: torch.device, replicas: int) -> dict[str, list[Callable[[], object]]]:
+    """Per pass ``F``, ``B``, ``Fc``, ``Bc`` (see :func:`measure_interpreter_share`), one
+    callable per replica of ``module`` on ``device``: a thread each."""
+    xs, ys = x.to(device), y.to(device)
+    passes: dict[str, list[Callable[[], object]]] = {"F": [], "B": [], "Fc": [], "Bc": []}
+    for _ in range(replicas):
+        replica = copy.deepcopy(module).to(device)
+        passes["F"].append(functools.partial(replica, xs))
+        passes["Fc"].append(functools.partial(checkpoint, replica, xs, use_reentrant=False))
+        loss = loss_fn(replica(xs), ys)
+        passes["B"].append(functools.partial(loss.backward, retain_graph=True))
+        recomputing = loss_fn(checkpoint(replica, xs, use_reentrant=False), ys)
+        passes["Bc"].append(functools.partial(recomputing.backward, retain_graph=True))
+    return passes
+
+
+def measure_pair_slowdown(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
+                          device: str | torch.device = "cpu", iterations: int = 10,
+                          trials: int = 3, min_seconds: float = 0.05) -> dict[str, float]:
+    """``meta["pair_slowdown"]`` at one size: ``{"X|Y": ratio}`` for X, Y in ``F``, ``B``,
+    ``Fc``, ``Bc`` -- pass X's wall seconds while a second thread runs pass Y over and
+    over (its own replica; on a GPU its own stream), over X's alone, the median of
+    ``trials`` pairs timed side by side.
+
+    Two pipeline stages that are threads of one process meet as these pairs do: they
+    share the device (the streams' kernels run together), the interpreter (the forwards'
+    Python, the checkpoint's hooks) and, on an accelerator, autograd's thread for the
+    device (both threads' backwards are issued there).  A pass's share of the interpreter
+    (:func:`measure_interpreter_share`) says how long it holds the lock, not who waits:
+    beside a forward that holds it in long stretches, a pass that needs it in many short
+    ones (a checkpointed backward's recomputation and hooks, run from autograd's thread)
+    waits at each -- the H200's 2-sample grid plans lost 1.35 s a second beside forwards
+    that way, 0.48 beside another checkpointed backward (``experiments/
+    interference_by_kind.py``).  Measured as pairs, each direction is its own figure::
+
+        X alone            |=====X=====|
+        X beside Y         |==X==.....==X==.....==X==|     ratio "X|Y" = 2.3
+        Y (background)     |=Y=|=Y=|=Y=|=Y=|=Y=|=Y=|=Y=|
+    """
+    dev = torch.device(device)
+    passes = _passes(module, loss_fn, x, y, dev, 2)
+    ratios: dict[str, float] = {}
+    for kind, (mine, _) in passes.items():
+        once = _threads_wall([mine], dev, 5) / 5
+        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
+        for other, (_, theirs) in passes.items():
+            # (beside, then alone: each pair side by side, a stall of the machine in one
+            # pair weighs on one ratio of the three)
+            ratios[f"{kind}|{other}"] = statistics.median(
+                _threads_wall([mine], dev, n, background=theirs) / _threads_wall([mine], dev, n)
+                for _ in range(trials))
+    return ratios
 
 
 def time_whole_model(model: nn.Sequential, batch: tuple[torch.Tensor, torch.Tensor],

@@ -313,6 +313,18 @@ class Cluster:
     #:
     #: False: the host is busy to the action's end (a CPU, where host and device are one)
     issue_ahead: bool = False
+    #: workers that are threads of one process slow each other as measured pass beside
+    #: pass (the profile's ``meta["pair_slowdown"]``, ``profile(..., pairs=True)``): while
+    #: the other thread runs pass Y, an action of pass X progresses at ``1 / ratio("X|Y")``
+    #: of its own speed (X, Y: ``F``, ``B``, ``Fc``, ``Bc``), in place of the interpreter's
+    #: turns, autograd's device thread and the device's concurrency law, which the pairs
+    #: were measured with (:class:`pipesim.contention.PairSharing`)::
+    #:
+    #:     alone         F |=====|        Bc |==========|
+    #:     together      F |======|       Bc |..........====|==========|   "Bc|F" >> "F|Bc"
+    #:
+    #: False: the interpreter's and the engine's turns, by their measured shares
+    thread_pairs: bool = False
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -554,6 +566,7 @@ class Cluster:
                        receives_ahead=bool(d.get("receives_ahead", False)),
                        blocking_sends=bool(d.get("blocking_sends", False)),
                        issue_ahead=bool(d.get("issue_ahead", False)),
+                       thread_pairs=bool(d.get("thread_pairs", False)),
                        name=d.get("name", "cluster"))
         except ClusterError as exc:
             raise ClusterError(f"{source}: {exc}") from None

@@ -26,6 +26,12 @@ but less than the two run back to back whenever ``k * rate(k) > 1``::
 
 The interface to the engine is one call, :meth:`ProcessorSharing.run` (an event that
 fires when the work is done), so a new law needs no change in the engine.
+
+Threads of one process may instead share by **pairs** measured pass beside pass
+(:class:`PairSharing`): the interpreter, autograd's device thread and the device all at
+once, each direction its own figure, since a pass that holds the interpreter in long
+stretches starves one that needs it in many short ones (not a processor-sharing law:
+the rate of an action depends on what runs beside it, not on how many do).
 """
 
 from __future__ import annotations
@@ -172,5 +178,48 @@ class ProcessorSharing:
         return ev
 
 
-__all__ = ["ProcessorSharing", "RateLaw", "device_law", "host_law", "interpreter_law",
-           "speedup_from_scaling"]
+class PairSharing(ProcessorSharing):
+    """Threads of one process, each action slowed by what runs beside it: an action of
+    pass X with others of passes Y1, Y2, ... running progresses at
+    ``1 / (1 + sum((max(ratio[X|Yi], 1) - 1))``), its ``ratio`` row the measured pair
+    slowdowns of its pass at its size (``pipesim.profile.Profile.pair_slowdown``, in the
+    order of ``pipesim.profile.PAIR_KINDS``).  Exact for two threads, as measured; a
+    third adds its own slowdown (an assumption: no measurement of three).
+    """
+
+    def __init__(self, env: simpy.Environment, kinds: Sequence[str]):
+        super().__init__(env, interpreter_law)
+        self.index = {k: i for i, k in enumerate(kinds)}
+        self.kind: dict[simpy.Event, str] = {}
+        self.row: dict[simpy.Event, Sequence[float]] = {}
+
+    def _rates(self) -> dict[simpy.Event, float]:
+        rates = {}
+        for ev in self.work:
+            row = self.row[ev]
+            slowdown = 1.0 + sum(max(row[self.index[self.kind[other]]], 1.0) - 1.0
+                                 for other in self.work if other is not ev)
+            rates[ev] = 1.0 / slowdown
+        return rates
+
+    def _expire(self, generation: int) -> None:
+        super()._expire(generation)
+        for ev in [ev for ev in self.kind if ev not in self.work]:  # those that ended
+            del self.kind[ev], self.row[ev]
+
+    def run_pass(self, seconds: float, kind: str, row: Sequence[float]) -> simpy.Event:
+        """An event that fires when ``seconds`` of pass ``kind``'s work is done, slowed
+        by the ``row`` of its ratios beside each pass while others run."""
+        if kind not in self.index or len(row) != len(self.index):
+            raise ValueError(f"pass {kind!r} with {len(row)} ratios; passes are "
+                             f"{list(self.index)}, a ratio beside each")
+        self._advance()
+        ev = self.env.event()
+        self.work[ev], self.slowdown[ev], self.priority[ev] = seconds, 1.0, 0.0
+        self.kind[ev], self.row[ev] = kind, row
+        self._schedule()
+        return ev
+
+
+__all__ = ["PairSharing", "ProcessorSharing", "RateLaw", "device_law", "host_law",
+           "interpreter_law", "speedup_from_scaling"]

@@ -86,6 +86,16 @@ interpreter too, read off that backward run beside another thread's forwards
     worker 0   F F F F F F F F            its forwards hold the interpreter
     engine     B(c): |==h==|....|==h==|   each hook waits for its turn
 
+Shares hold where passes simply take turns; beside each other two threads' passes need
+not (a pass that holds the interpreter in long stretches starves one that needs it in
+many short ones).  Where the profiler measured it (``profile(..., pairs=True)``),
+``meta["pair_slowdown"]`` maps a size to ``{"X|Y": ratio}`` for every pair of ``F``,
+``B``, ``Fc``, ``Bc``: pass X timed while another thread runs pass Y over and over,
+against X alone (each thread with its replica and, on a GPU, its stream: the device,
+the interpreter and autograd's thread shared as a pipeline's stage threads share them).
+:meth:`Profile.pair_slowdown` reads it; :attr:`pipesim.cluster.Cluster.thread_pairs`
+predicts with it.
+
 Timing layers one at a time costs something a stage does not pay (each layer's own
 autograd call, cold caches between layers): summed, per-layer times exceed the measured
 whole model by a few percent to ~15% on a CPU.  When the metadata holds the whole
@@ -208,6 +218,7 @@ class Profile:
         self.interpreter_share(1.0)  # and the measured interpreter shares, if any
         self.interpreter_slowdown(1.0)
         self.engine_interpreter_share(1.0)
+        self.pair_slowdown(1.0)
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -513,6 +524,9 @@ class Profile:
                     parsed = sorted((float(size), [float(v[k]) for k in _SHARE_KINDS if
                                                    k in v or k in ("F", "B")])
                                     for size, v in table.items())
+                elif key == "pair_slowdown":  # every pair of PAIR_KINDS
+                    parsed = sorted((float(size), [float(v[pair]) for pair in PAIRS])
+                                    for size, v in table.items())
                 elif key == "engine_interpreter_share":  # B and Bc, 0 where not measured
                     parsed = sorted((float(size), [float(v.get(k, 0.0)) for k in ("B", "Bc")])
                                     for size, v in table.items())
@@ -522,6 +536,8 @@ class Profile:
             except (AttributeError, KeyError, TypeError, ValueError) as exc:
                 shape = ("a list of speedups" if key == "stream_speedup"
                          else "{'B': share, 'Bc': share}" if key == "engine_interpreter_share"
+                         else "{'F|F': ratio, 'F|B': ratio, ...} (every pair of F, B, Fc, Bc)"
+                         if key == "pair_slowdown"
                          else "{'F': share, 'B': share[, 'Fc': share, 'Bc': share]}")
                 raise ProfileError(f"{self.source}: meta['{key}'] must map a micro-batch size "
                                    f"to {shape}, got {table!r}") from exc
@@ -534,6 +550,9 @@ class Profile:
                         and not all(0.0 <= v <= 1.0 for v in values)):
                     raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
                                        f"{tuple(values)}: shares lie in [0, 1]")
+                if key == "pair_slowdown" and not all(0.0 < v < math.inf for v in values):
+                    raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
+                                       f"{tuple(values)}: ratios are positive and finite")
                 if key == "interpreter_slowdown" and not all(v >= 1.0 for v in values):
                     raise ProfileError(f"{self.source}: meta['{key}'][{size:g}] = "
                                        f"{tuple(values)}: slowdowns are at least 1")
@@ -600,6 +619,15 @@ class Profile:
             return None
         forward, backward = _at_size(sorted(table), micro_batch)
         return forward, backward
+
+    def pair_slowdown(self, micro_batch: float) -> dict[str, float] | None:
+        """How much longer each pass takes beside another thread running each pass, than
+        alone (``meta["pair_slowdown"]``, see the module doc): ``{"X|Y": ratio}`` for X, Y
+        in F, B, Fc, Bc, linear between measured sizes and the nearest outside them; None
+        where not measured.  Raises ProfileError on a malformed entry."""
+        table = self._measured_by_size("pair_slowdown")
+        return None if table is None else dict(zip(PAIRS, _at_size(table, micro_batch),
+                                                   strict=True))
 
     def checkpointed_interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
         """``(forward, backward)`` shares of a checkpointed micro-batch's forward (inside
@@ -751,6 +779,11 @@ def _convert(table: pd.DataFrame, column: str, kind: str, source: str) -> pd.Ser
 
 #: the passes whose interpreter share the profiler measures (meta["interpreter_share"])
 _SHARE_KINDS = ("F", "B", "Fc", "Bc")
+#: the passes of meta["pair_slowdown"]: a forward, a backward, and both for a
+#: checkpointed micro-batch (its backward recomputing)
+PAIR_KINDS = _SHARE_KINDS
+#: its keys, "X|Y": pass X beside a thread running pass Y
+PAIRS = tuple(f"{x}|{y}" for x in PAIR_KINDS for y in PAIR_KINDS)
 
 
 def _at_size(table: list[tuple[float, list[float]]], micro_batch: float) -> list[float]:

@@ -108,12 +108,20 @@ import pandas as pd
 import simpy
 
 from pipesim.cluster import Cluster, read_curve
-from pipesim.contention import ProcessorSharing, device_law, host_law, interpreter_law
+from pipesim.contention import (
+    PairSharing,
+    ProcessorSharing,
+    device_law,
+    host_law,
+    interpreter_law,
+)
 from pipesim.costs import PlanCosts
+from pipesim.errors import ClusterError
 from pipesim.plan import Plan
-from pipesim.profile import Profile
+from pipesim.profile import PAIR_KINDS, Profile
 from pipesim.schedule import (
     BACKWARD,
+    FORWARD,
     WEIGHT_GRAD,
     Schedule,
     build_schedule,
@@ -199,6 +207,7 @@ class _Run:
         self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
                              for p in sim.shared_processes}
         self.engines = {e: ProcessorSharing(self.env, interpreter_law) for e in sim.shared_engines}
+        self.pairs = {p: PairSharing(self.env, PAIR_KINDS) for p in sim.paired_processes}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -274,6 +283,8 @@ class _Run:
             progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
+        # (threads of one process sharing it by measured pairs: Cluster.thread_pairs)
+        pairs = self.pairs.get(sim.cluster.devices[w].process)
         priority = sim.engine_priority[w]
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
@@ -358,7 +369,11 @@ class _Run:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
             scale = seconds / step.seconds if step.seconds else 1.0
             recomputed = -1.0  # when its recomputation ended, where the engine ran it apart
-            if engine is not None and step.engine_s:
+            if pairs is not None:
+                # slowed by what the other threads run beside it, as measured pass by pass
+                # (the interpreter, the engine and the device in one figure)
+                yield pairs.run_pass(seconds, step.pair_kind, step.pair_row)
+            elif engine is not None and step.engine_s:
                 # a backward on an accelerator ends when its work is done and autograd's
                 # thread for the device has issued it, in turn with the other threads'
                 # backwards: for the measured share where the profile has one (two threads'
@@ -551,9 +566,20 @@ class Simulator:
             if self.cluster.devices[w].process:
                 processes[self.cluster.devices[w].process].append(w)
         self.shared_processes = [p for p, ws in processes.items() if len(ws) > 1]
+        # threads of one process that share it by measured pairs (Cluster.thread_pairs):
+        # no interpreter, engine or stream law of their own, the pairs hold all three
+        self.paired_processes = self.shared_processes if self.cluster.thread_pairs else []
+        if self.paired_processes and self.profile.pair_slowdown(1.0) is None:
+            raise ClusterError(
+                f"{self.cluster.name}: thread_pairs needs a profile that measured its passes "
+                f"in pairs (meta['pair_slowdown'], profile(..., pairs=True)); "
+                f"{self.profile.source} has none")
+        paired = {w for p in self.paired_processes for w in processes[p]}
+        self.shared_processes = [p for p in self.shared_processes
+                                 if p not in self.paired_processes]
         engines = defaultdict(list)
         for w in workers:
-            if self.cluster.devices[w].engine:
+            if self.cluster.devices[w].engine and w not in paired:
                 engines[self.cluster.devices[w].engine].append(w)
         self.shared_engines = [e for e, ws in engines.items() if len(ws) > 1]
         # each worker's rank on its engine: the autograd nodes its stages' forwards create
@@ -596,8 +622,23 @@ class Simulator:
                 else:
                     step = cache[key] = build.with_skips(
                         build.step(w, s, mb, kind, c, first_backward, None), w, mb)
+                if w in paired:
+                    step = self._paired(step, mb)
                 program.append((mb, step))
             self.programs.append(program)
+
+    def _paired(self, step: Step, mb: int) -> Step:
+        """``step`` with its pass and its slowdowns beside each pass at micro-batch ``mb``'s
+        size (:attr:`Step.pair_kind`, :attr:`Step.pair_row`; a split backward's I and W
+        are backwards, I recomputing where checkpointed)."""
+        checkpointed = self.plan.checkpointed(mb)
+        forward = step.kind == FORWARD
+        kind = ("F" if forward else "B") + ("c" if checkpointed and (
+            forward or step.kind != WEIGHT_GRAD) else "")
+        ratios = self.profile.pair_slowdown(self.plan.micro_batch_sizes[mb])
+        assert ratios is not None  # checked in _compile
+        return step._replace(pair_kind=kind,
+                             pair_row=tuple(ratios[f"{kind}|{y}"] for y in PAIR_KINDS))
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None

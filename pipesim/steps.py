@@ -81,6 +81,11 @@ class Step(NamedTuple):
     #: on that thread aside): where the cluster lets an accelerator's host run ahead
     #: (:attr:`pipesim.cluster.Cluster.issue_ahead`); 0: busy to the action's end
     issue_s: float = 0.0
+    #: its pass among the measured pairs (``F``, ``B``, ``Fc``, ``Bc``: a checkpointed
+    #: micro-batch's passes apart) and its slowdowns beside each of them at its size, where
+    #: its worker shares its process by pairs (:attr:`pipesim.cluster.Cluster.thread_pairs`)
+    pair_kind: str = ""
+    pair_row: tuple[float, ...] = ()
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer

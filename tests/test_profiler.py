@@ -190,3 +190,29 @@ def test_profile_with_interpreter_measures_each_kinds_share_at_each_size(tmp_pat
     assert back.interpreter_share(4) == pytest.approx((shares["4"]["F"], shares["4"]["B"]))
     assert back.checkpointed_interpreter_share(4) == pytest.approx(
         (shares["4"]["Fc"], shares["4"]["Bc"]))
+
+
+def test_pairs_time_each_pass_beside_each_other_pass_and_a_profile_keeps_them(tmp_path,
+                                                                            monkeypatch):
+    from executor import profiler
+    from pipesim.profile import PAIRS
+
+    module, loss_fn, x, y = builtin_job("mlp", 4, width=16, depth=3, in_features=8)
+    row = profiler.measure_pair_slowdown(module, loss_fn, x[:2], y[:2], "cpu", iterations=3,
+                                         trials=1, min_seconds=0.005)
+    # every pass beside every pass, each direction its own figure
+    assert set(row) == set(PAIRS) and len(PAIRS) == 16
+    assert all(0.0 < r < 50.0 for r in row.values())
+    # profile(..., pairs=True) measures them at each size (here stubbed: timed above)
+    sizes_seen = []
+
+    def measured(model, loss, xb, yb, device):
+        sizes_seen.append(xb.shape[0])
+        return row
+
+    monkeypatch.setattr(profiler, "measure_pair_slowdown", measured)
+    prof = profile(module, (x, y), [2, 4], loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, split=False, pairs=True)
+    assert sizes_seen == [2, 4] and set(prof.meta["pair_slowdown"]) == {"2", "4"}
+    back = Profile.load(prof.save(tmp_path / "p.csv"))
+    assert back.pair_slowdown(3) == pytest.approx(row)

@@ -1895,3 +1895,77 @@ def test_an_overtaking_is_a_later_backward_of_the_other_stage_ending_first():
     # the same backwards without overlap: no pairs
     apart = actions.assign(start=[0.0, 11.0, 30.0, 41.0, 1.0], end=[10.0, 14.0, 38.0, 45.0, 2.0])
     assert overtakings(apart) == {"pairs_1": 0, "over_1": 0, "pairs_0": 0, "over_0": 0}
+
+
+def _paired(prof: Profile, ratios: dict[str, float] | None = None) -> Profile:
+    """``prof`` with every pair of passes measured at ratio 1 (beside another pass as
+    fast as alone) but for ``ratios``, at every size."""
+    from pipesim.profile import PAIRS
+
+    row = {pair: 1.0 for pair in PAIRS} | (ratios or {})
+    return Profile(prof.table, {**prof.meta, "pair_slowdown": {
+        str(b): row for b in prof.micro_batch_sizes}})
+
+
+def test_threads_sharing_by_pairs_slow_each_pass_by_what_runs_beside_it():
+    gpu, _ = _two_threads_on_a_gpu()
+    paired = dataclasses.replace(gpu, thread_pairs=True)
+    apart = Cluster([Device(f"w{i}", physical=f"cuda:{i}") for i in range(2)])
+    prof = uniform_profile(2, sizes=(1, 2))
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    free = metrics(simulate(prof, plan, apart)).iteration_time_s
+    # pairs measured as fast as alone: each thread as if it had the device and the
+    # interpreter to itself (the pairs hold the device law, interpreter and engine)
+    assert metrics(simulate(_paired(prof), plan, paired)).iteration_time_s == pytest.approx(free)
+    # a forward beside a forward twice as slow, nothing else: in the steady state stage
+    # 0's F(m+1) runs beside stage 1's F(m), each 2x while together (processor sharing
+    # of two equal F at rate 1/2: both last 2 F)
+    slow = simulate(_paired(prof, {"F|F": 2.0}), plan, paired)
+    f = slow.actions.query("kind == 'F'").set_index(["stage", "microbatch"])
+    assert f.loc[(0, 0), "end"] - f.loc[(0, 0), "start"] == pytest.approx(F)  # alone
+    assert f.loc[(0, 1), "end"] - f.loc[(0, 1), "start"] == pytest.approx(2 * F)
+    # one direction only: F beside B slowed, B beside F not -- the backward keeps its time
+    one_way = simulate(_paired(prof, {"B|F": 3.0}), Plan([1, 1], 4, 4, checkpoint="never",
+                                                          schedule="1f1b"), paired)
+    b = one_way.actions.query("kind == 'B' and stage == 1").set_index("microbatch")
+    durations = (b.end - b.start).round(9)
+    assert durations.min() == pytest.approx(B)  # a backward with nothing beside it
+    assert durations.max() > B  # one that met a forward of stage 0
+    fwd = one_way.actions.query("kind == 'F'")
+    assert ((fwd.end - fwd.start).round(9) == F).all()  # forwards never slowed
+
+
+def test_a_checkpointed_micro_batchs_passes_are_their_own_pairs():
+    gpu, _ = _two_threads_on_a_gpu()
+    paired = dataclasses.replace(gpu, thread_pairs=True)
+    # (1F1B: stage 1's backwards run beside stage 0's forwards)
+    prof = _paired(uniform_profile(2, sizes=(1, 2)), {"Bc|F": 4.0, "Bc|Fc": 4.0})
+    fair = _paired(uniform_profile(2, sizes=(1, 2)))
+
+    def iteration(profile: Profile, mode: str) -> float:
+        plan = Plan([1, 1], 4, 4, checkpoint=mode, schedule="1f1b")
+        return metrics(simulate(profile, plan, paired)).iteration_time_s
+
+    assert iteration(prof, "never") == pytest.approx(iteration(fair, "never"))  # no Bc in it
+    assert iteration(prof, "always") > iteration(fair, "always") * 1.05  # Bc beside forwards
+
+
+def test_thread_pairs_need_a_profile_that_measured_them_and_round_trip(tmp_path):
+    from pipesim.errors import ClusterError, ProfileError
+
+    gpu, _ = _two_threads_on_a_gpu()
+    paired = dataclasses.replace(gpu, thread_pairs=True)
+    prof = uniform_profile(2, sizes=(1, 2))
+    with pytest.raises(ClusterError, match="pair_slowdown"):
+        simulate(prof, Plan([1, 1], 2, 2), paired)
+    assert Cluster.load(paired.save(tmp_path / "c.json")).thread_pairs
+    # a lone process's workers have no pairs to need
+    simulate(prof, Plan([1, 1], 2, 2), dataclasses.replace(
+        paired, devices=[dataclasses.replace(d, process="") for d in paired.devices]))
+    measured = _paired(prof, {"F|B": 1.5})
+    assert measured.pair_slowdown(1)["F|B"] == 1.5
+    assert prof.pair_slowdown(1) is None
+    with pytest.raises(ProfileError, match="pair_slowdown"):
+        Profile(prof.table, {"pair_slowdown": {"1": {"F|F": 1.0}}})  # a pair missing
+    with pytest.raises(ProfileError, match="positive"):
+        _paired(prof, {"F|F": 0.0})
