@@ -7,6 +7,9 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
    at every size (executor.in_place.device_stage_costs: the executor's own code path,
    launches back to back, the checkpoint entered once): the costs the prediction gives
    its actions (pipesim.cluster.InPlaceCost; ablation profile_costs: the profile's);
+   the profile also times each pass beside each other pass, two threads on the device
+   (``profile(..., pairs=True)``): the variant ``threads_pairs`` predicts with them
+   (``Cluster.thread_pairs``);
 2. calibrate the in-process executor's overheads on a tiny model (not the grid's plans);
 3. run a grid (balanced/skewed balance, chunks 1..16, three checkpoint modes, GPipe and
    1F1B) with 2 and 4 stages as worker threads on ``cuda:0`` -- the simulator models
@@ -184,7 +187,7 @@ def main() -> None:
                 # implies is written beside it for comparison
                 prof = profile(module, (x, y), sizes, args.device, loss_fn=loss_fn, repeats=10,
                                warmup=3, progress=False, streams=n_stages, interpreter=True,
-                               meta={"model": name})
+                               pairs=True, meta={"model": name})
                 prof.save(out / f"profile_{name}_{dtype}.csv")
                 # each stage of the grid measured in place, alone: the costs the
                 # prediction gives its actions (the profile's: ablation profile_costs)
@@ -253,7 +256,11 @@ def main() -> None:
                      "threads_interpreter": (Profile(prof.table, scaling), threads),
                      "threads_no_hooks": (Profile(prof.table, no_hooks), threads),
                      "threads_issue_ahead": (Profile(prof.table, scaling),
-                                             dataclasses.replace(threads, issue_ahead=True))})
+                                             dataclasses.replace(threads, issue_ahead=True)),
+                     # each pass slowed by the pass beside it, as the profile measured the
+                     # pairs (in place of the interpreter's, engine's and device's turns:
+                     # Cluster.thread_pairs)
+                     "threads_pairs": (prof, dataclasses.replace(threads, thread_pairs=True))})
                 save_measured_actions(out / "validation_gpu_actions.csv.gz", label, plans, traces)
                 table["peak_pred_bytes"] += batch_bytes
                 table["stages"] = n_stages

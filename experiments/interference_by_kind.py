@@ -20,8 +20,17 @@ the same pairs on a micro-benchmark (``gpu_run.sh threads``).  The H200 grid of
 forwards and 0.5 beside another checkpointed backward; the thread model charges nearly the
 reverse.
 
-    python experiments/interference_by_kind.py [--folder DIR] [--min-chunks 8]
-Writes experiments/results/interference_by_kind.csv.
+``--fit-pairs`` asks whether sharing by pairs (:attr:`pipesim.cluster.Cluster.thread_pairs`)
+*can* represent the grid: the same fit per model and micro-batch size, each coefficient
+``c`` read as the pair's ratio ``1 / (1 - c)`` (an action beside that pass progresses at
+``1 - c`` of its speed; ``c`` clipped to [0, 0.95]), and every plan predicted again with
+those pairs and the in-place costs.  Fitted on the grid it predicts: an upper bound on
+what the mechanism can do there, never a validation (the profiler measures the pairs
+apart: ``profile(..., pairs=True)``).
+
+    python experiments/interference_by_kind.py [--folder DIR] [--min-chunks 8] [--fit-pairs]
+Writes experiments/results/interference_by_kind.csv (and with --fit-pairs
+interference_pairs_fitted.csv: each plan's error with the fitted pairs and without).
 """
 
 from __future__ import annotations
@@ -41,6 +50,9 @@ from experiments.common import write_results
 from experiments.repredict_evidence import H200_GRID, _gpu_plans, in_place_costs
 from pipesim.cluster import Cluster, in_place_costs_of
 from pipesim.plan import Plan
+from pipesim.profile import PAIRS, Profile
+from pipesim.simulator import simulate
+from pipesim.trace import metrics
 
 #: the kinds an overlapping action can be (``c``: checkpointed)
 KINDS = ("F", "Fc", "B", "Bc")
@@ -71,6 +83,7 @@ def overlaps(plan: Plan, cluster: Cluster, actions: pd.DataFrame) -> list[dict]:
                     overlap[kind_of(plan, b.kind, b.microbatch)] += max(
                         0.0, min(a.end, b.end) - max(a.start, b.start))
             rows.append({"kind": kind_of(plan, a.kind, a.microbatch),
+                         "micro_batch": sizes[a.microbatch],
                          "excess_s": (a.end - a.start) - lone[0 if a.kind == "F" else 1],
                          **{f"overlap_{k}": v for k, v in overlap.items()}})
     return rows
@@ -89,10 +102,28 @@ def fit(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+def fitted_pairs(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """``meta["pair_slowdown"]`` read off one model's fit per size (:func:`fit` of the
+    rows at each ``micro_batch``): ``"X|Y"`` is ``1 / (1 - c)``, ``c`` the seconds X lost
+    per second beside Y clipped to [0, 0.95]; 1 for a pair the grid never overlapped."""
+    out = {}
+    for size, part in table.groupby("micro_batch"):
+        row = dict.fromkeys(PAIRS, 1.0)
+        for r in fit(part.assign(model="")).itertuples():
+            for other in KINDS:
+                c = min(max(float(getattr(r, f"beside_{other}")), 0.0), 0.95)
+                if part[f"overlap_{other}"][part.kind == r.kind].sum() > 0:
+                    row[f"{r.kind}|{other}"] = 1.0 / (1.0 - c)
+        out[str(int(size))] = row
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--folder", type=Path, default=H200_GRID)
     ap.add_argument("--min-chunks", type=int, default=8)
+    ap.add_argument("--fit-pairs", action="store_true",
+                    help="also fit pairs per size and predict the grid with them (in-sample)")
     args = ap.parse_args()
     costs = in_place_costs(args.folder)
     if not costs:
@@ -100,18 +131,59 @@ def main() -> None:
                          "(gpu_validate.py --in-place-only measures them)")
     actions = pd.read_csv(args.folder / "validation_gpu_actions.csv.gz")
     actions = actions[actions.kind.isin(["F", "B"])]
-    rows = []
-    for model, dtype, _, cluster, plan, r in _gpu_plans(args.folder):
+    rows, all_rows = [], []
+    plans = list(_gpu_plans(args.folder))
+    for model, dtype, _, cluster, plan, r in plans:
         label = f"{model}/{dtype}/{plan.n_stages}st"
-        if plan.chunks < args.min_chunks or label not in costs:
+        if label not in costs or (plan.chunks < args.min_chunks and not args.fit_pairs):
             continue
         placed = dataclasses.replace(cluster, in_place_costs=in_place_costs_of(costs[label]))
         mine = actions[(actions.model == r.model) & (actions.plan == plan.label())]
-        rows += [{"model": model, **row} for row in overlaps(plan, placed, mine)]
+        found = [{"model": model, **row} for row in overlaps(plan, placed, mine)]
+        all_rows += found
+        if plan.chunks >= args.min_chunks:
+            rows += found
     table = fit(pd.DataFrame(rows))
     print(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     write_results("interference_by_kind", table, {"folder": str(args.folder),
                                                   "min_chunks": args.min_chunks})
+    if args.fit_pairs:
+        predict_with_fitted_pairs(pd.DataFrame(all_rows), plans, costs, args.folder)
+
+
+def predict_with_fitted_pairs(table: pd.DataFrame, plans: list, costs: dict,
+                              folder: Path) -> None:
+    """Every plan of the grid with pairs fitted on its own actions (in-sample: see the
+    module doc) against the in-place costs as predicted today (``measured_streams``)."""
+    pairs = {model: fitted_pairs(part) for model, part in table.groupby("model")}
+    out = []
+    for model, dtype, profile, cluster, plan, r in plans:
+        label = f"{model}/{dtype}/{plan.n_stages}st"
+        if label not in costs:
+            continue
+        placed = dataclasses.replace(cluster, in_place_costs=in_place_costs_of(costs[label]),
+                                     device_sharing="concurrent")
+        paired = dataclasses.replace(placed, thread_pairs=True, devices=[
+            dataclasses.replace(d, process="workers") for d in placed.devices])
+        with_pairs = Profile(profile.table, {**profile.meta, "pair_slowdown": pairs[model]},
+                             profile.source)
+        out.append({"model": model, "dtype": dtype, "plan": plan.label(),
+                    "measured_ms": r.measured_ms,
+                    "in_place_costs_ms": 1e3 * metrics(simulate(
+                        profile, plan, placed, track_memory=False)).iteration_time_s,
+                    "fitted_pairs_ms": 1e3 * metrics(simulate(
+                        with_pairs, plan, paired, track_memory=False)).iteration_time_s})
+    result = pd.DataFrame(out)
+    for col in ("in_place_costs_ms", "fitted_pairs_ms"):
+        result[col.replace("_ms", "_err_pct")] = 100 * (result[col] / result.measured_ms - 1)
+    for model, part in result.groupby("model"):
+        for col in ("in_place_costs_err_pct", "fitted_pairs_err_pct"):
+            err = part[col].abs()
+            print(f"{model} {col[:-8]:15s}: median |error| {err.median():5.1f}%, "
+                  f"max {err.max():5.1f}%")
+    write_results("interference_pairs_fitted", result,
+                  {"folder": str(folder), "pairs": pairs,
+                   "note": "pairs fitted on the grid they predict: an upper bound"})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ interpreter (``Device.process``, the profile's measured ``interpreter_share``) w
 can be checked without a GPU:
 
 1. profile each model (one torch thread) with the interpreter shares measured at every
-   size (two threads against one: ``executor.profiler.measure_interpreter_share``);
+   size (two threads against one: ``executor.profiler.measure_interpreter_share``), and
+   each pass beside each other pass (``measure_pair_slowdown``: the variant ``pairs``,
+   ``Cluster.thread_pairs``, predicts with those instead);
 2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
    ``executor.pipeline.Pipeline`` (threads, one core each) and predict it with the workers
@@ -34,7 +36,13 @@ from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
 from experiments.common import machine, write_results
-from experiments.validation import predict_and_measure, summarise
+from experiments.validation import (
+    in_passes,
+    iterations_for,
+    pass_noise,
+    predict_and_measure,
+    summarise,
+)
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster, Device
 from pipesim.plan import Plan
@@ -50,7 +58,14 @@ BATCH = 32
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="gpt,mlp")
-    ap.add_argument("--iterations", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=10,
+                    help="iterations a plan is measured at least, each pass")
+    ap.add_argument("--min-seconds", type=float, default=0.3,
+                    help="seconds a plan is measured at least, each pass")
+    ap.add_argument("--passes", type=int, default=2,
+                    help="runs of the whole grid, order reversed every other pass")
+    ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
+                    help="one pass more for a plan whose passes lie further apart (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     over = measure_thread_overhead("cpu", 2)
@@ -63,26 +78,36 @@ def main() -> None:
     apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
                                                   for d in cluster.devices])
     print(f"overheads {over}", flush=True)
-    tables = []
+    tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
         module, loss_fn, x, y = job()
         sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
         prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
-                       progress=False, interpreter=True, meta={"model": name})
+                       progress=False, interpreter=True, pairs=True, meta={"model": name})
         print(f"{name}: interpreter shares {prof.meta['interpreter_share']}", flush=True)
         balance = min_max_partition(prof.layer_times(BATCH // 4), 2)
         plans = [Plan(balance, m, BATCH, checkpoint=ckpt, schedule=schedule)
                  for schedule in ("gpipe", "1f1b") for ckpt in ("never", "always")
                  for m in (1, 2, 4, 8, 16)]
 
-        def measure(ps, module=module, loss_fn=loss_fn, x=x, y=y):
+        # each plan for at least --min-seconds a pass (by its predicted iteration), over
+        # --passes passes in alternating order (validation.in_passes): one pass of ten
+        # iterations read GPipe and 1F1B at one micro-batch -- the same actions -- 8.7
+        # and 14.1 ms apart (gpt, 2026-11-26), a noise floor of 20% median
+        counts = {p.label(): iterations_for(prof, p, cluster, args.iterations,
+                                            args.min_seconds) for p in plans}
+
+        def measure_once(ps, module=module, loss_fn=loss_fn, x=x, y=y, counts=counts):
             traces = []
             for p in ps:
                 with Pipeline(module, p, loss_fn=loss_fn, track_memory=False) as pipe:
-                    traces.append(pipe.run(x, y, iterations=args.iterations, warmup=2).trace)
+                    traces.append(pipe.run(x, y, iterations=counts[p.label()],
+                                           warmup=2).trace)
                 module.zero_grad(set_to_none=True)
             return traces
+
+        measure = in_passes(measure_once, args.passes, args.tie_break or None)
 
         # mechanisms out: the interpreter; the checkpointed shares and all slowdowns; the slowdowns
         plain = {b: {k: g for k, g in v.items() if k in ("F", "B")}
@@ -90,19 +115,29 @@ def main() -> None:
         no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain,
                                              "interpreter_slowdown": {}})
         no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
-        table, _ = predict_and_measure(prof, plans, cluster, measure, name,
+        table, traces = predict_and_measure(prof, plans, cluster, measure, name,
                                        {"no_interpreter": (prof, apart),
                                         "no_ckpt_share": (no_ckpt_share, cluster),
-                                        "no_slowdown": (no_slowdown, cluster)})
+                                        "no_slowdown": (no_slowdown, cluster),
+                                        # each pass beside each other pass, as measured
+                                        # (Cluster.thread_pairs, in place of the shares)
+                                        "pairs": (prof, dataclasses.replace(
+                                            cluster, thread_pairs=True))})
         tables.append(table)
+        measured_all += traces
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "predicted_ms_no_interpreter", "measured_ms", "error_pct"]]
               .round(2).to_string(index=False), flush=True)
     table = pd.concat(tables, ignore_index=True)
     summary = summarise(table)  # with every ablation's errors
+    noise = pass_noise(measured_all)  # the same plan in two passes, minutes apart
+    if noise is not None:
+        summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
+        print(f"pass noise: {noise[0]:.1f}% median, {noise[1]:.1f}% max")
     for name, what in (("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
                                          "no slowdown)"),
-                       ("no_slowdown", "without the contended slowdown (plain turns)")):
+                       ("no_slowdown", "without the contended slowdown (plain turns)"),
+                       ("pairs", "with the passes' measured pairs in place of the shares")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
