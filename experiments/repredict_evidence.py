@@ -127,6 +127,12 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
         (_with_autograd_nodes(_with_host_shares(_without_law(p))),
          dataclasses.replace(_threads(c), issue_ahead=True))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    # the workers as threads of one process, each pass slowed by the pass beside it as
+    # the profile measured the pairs (profile(..., pairs=True); Cluster.thread_pairs, in
+    # place of the interpreter's, engine's and device's turns); runs before 2026-11-27
+    # have none
+    "threads_pairs": lambda p, c: ((p, dataclasses.replace(_threads(c), thread_pairs=True))
+                                   if "pair_slowdown" in p.meta and _on_gpu(c) else None),
 }
 
 
@@ -135,7 +141,8 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
 #: action at that lone cost: name -> the :data:`VARIANTS` entry it builds on
 IN_PLACE_VARIANTS = {"in_place_costs": "measured_streams",
                      "in_place_threads": "threads_engine",
-                     "in_place_issue_ahead": "threads_issue_ahead"}
+                     "in_place_issue_ahead": "threads_issue_ahead",
+                     "in_place_pairs": "threads_pairs"}
 
 
 def _with_hook_shares(profile: Profile) -> Profile:
