@@ -22,8 +22,9 @@
 #   gpu --stages 2 --dtypes float32 --no-stage-memory --out experiments/results/gpu/NEW-FOLDER
 #           under `timeout 560` (its profiles now also time each pass beside each other
 #           pass, 16 pairs a size, for the variant threads_pairs: some 30-60 s a model
-#           more; where a call is short, `--models gpt` and `--models mlp` into the same
-#           folder, one call each) (2026-11-26 on an H200: 540 s with the stage memory, 80 s
+#           more; where a call is short, `--models gpt` and `--models mlp`, one call
+#           and one --out folder each: a run starts its folder's grid files afresh)
+#           (2026-11-26 on an H200: 540 s with the stage memory, 80 s
 #           of it, and before the in-place costs, about 40-80 s more; a folder of its
 #           own: the default one holds the 2026-11-23 H100
 #           run that repredict_evidence.py reads; gpt fp32's profile alone, interpreter

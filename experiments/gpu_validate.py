@@ -144,7 +144,8 @@ def main() -> None:
     ap.add_argument("--dtypes", default="float32,bfloat16")
     ap.add_argument("--models", default="",
                     help="comma-separated subset of the built-in models (default: all; one a "
-                         "call where a call's time is short: each grid is written as it ends)")
+                         "call where a call's time is short, each into its own --out: a run "
+                         "starts its folder's grid files afresh)")
     ap.add_argument("--stages", default="2,4")
     ap.add_argument("--stage-memory-only", action="store_true",
                     help="only step 4, from the profiles a grid run left in --out")
