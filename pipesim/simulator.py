@@ -68,6 +68,12 @@ and where the profile measured it (:meth:`pipesim.profile.Profile.engine_interpr
 the backward proper holds the interpreter too for that share of its seconds: the
 checkpoint's unpack hooks, Python run for each saved tensor it reads.
 
+Where the cluster says so (:attr:`pipesim.cluster.Cluster.thread_pairs`) the threads of
+one process share instead by pairs the profiler measured pass beside pass: an action
+progresses at the rate its pass has beside the pass the other thread runs
+(:class:`pipesim.contention.PairSharing`), and none of the turns above is taken -- the
+pairs were measured with the interpreter, the engine and the device shared.
+
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
     static      parameters + optimizer state, from time 0
@@ -269,7 +275,10 @@ class _Run:
         slots, deltas = self.slots, self.deltas
         track = sim.track_memory
         device = sim.resource_of[w]
-        resource = self.compute.get(device)
+        # (threads of one process sharing it by measured pairs, Cluster.thread_pairs: the
+        # pairs hold the device's sharing too, so such a worker takes no turns on it)
+        pairs = self.pairs.get(sim.cluster.devices[w].process)
+        resource = self.compute.get(device) if pairs is None else None
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
         # (seconds of work, its slowdown while another rank of the host computes) -> event
@@ -283,8 +292,6 @@ class _Run:
             progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
-        # (threads of one process sharing it by measured pairs: Cluster.thread_pairs)
-        pairs = self.pairs.get(sim.cluster.devices[w].process)
         priority = sim.engine_priority[w]
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng

@@ -1917,6 +1917,11 @@ def test_threads_sharing_by_pairs_slow_each_pass_by_what_runs_beside_it():
     # pairs measured as fast as alone: each thread as if it had the device and the
     # interpreter to itself (the pairs hold the device law, interpreter and engine)
     assert metrics(simulate(_paired(prof), plan, paired)).iteration_time_s == pytest.approx(free)
+    # on a device they would otherwise take turns on, too
+    serial = dataclasses.replace(paired, device_sharing="serial")
+    assert metrics(simulate(_paired(prof), plan, serial)).iteration_time_s == pytest.approx(free)
+    assert metrics(simulate(prof, plan, dataclasses.replace(
+        serial, thread_pairs=False))).iteration_time_s > free * 1.2
     # a forward beside a forward twice as slow, nothing else: in the steady state stage
     # 0's F(m+1) runs beside stage 1's F(m), each 2x while together (processor sharing
     # of two equal F at rate 1/2: both last 2 F)
