@@ -9,6 +9,9 @@
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
+#   bash experiments/gpu_run.sh switch [--model gpt]  # the 2-sample plans under GIL switch
+#       intervals 0.5 / 5 / 50 ms (experiments/switch_interval.py: is their loss the
+#       interpreter's hand-over? about a minute a model)
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
 # fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next cpu16, then threads with
@@ -68,6 +71,7 @@ run() {
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
+        switch) python3 experiments/switch_interval.py --device cuda:0 "$@" ;;
         # (idle costs measured on every rank at once: one rank at a time they would take
         # 4-8x; without them, 2026-11-26, the 4-rank grid read 8.1% / 32.5%, all under, its
         # actions after 3-30 ms idle 1.2-1.4x their profile)
@@ -75,7 +79,7 @@ run() {
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
                        --idle-at-once "$@"
                done ;;
-        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing or cpu16)" >&2; return 2 ;;
+        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing, switch or cpu16)" >&2; return 2 ;;
     esac
 }
 # The work runs in the background and this shell waits for it, so that a `timeout` (TERM)
