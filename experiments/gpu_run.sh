@@ -16,8 +16,10 @@
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
 # fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next cpu16, then threads with
 # tests, then gpu):
-#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 alone in one
-#           call under `timeout 560`, then gpt alike (2026-11-26 without idle costs: both
+#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean alone in
+#           one call under `timeout 560`, then gpt alike (--lean: no ablation-only readings
+#           nor confirmed choice, a fifth or so less: 308 -> about 240 s for a quick
+#           4-rank mlp grid on the 2-core VM) (2026-11-26 without idle costs: both
 #           models' 4-rank grid in 7 minutes on the H200 host, 8.1% / 32.5%; with idle
 #           costs at once, mlp alone was still in its after-grid readings at 345 s and
 #           was cut: h200-2026-11-26/README.md), then CPU16_STAGES=8 (its mlp quick grid

@@ -139,6 +139,11 @@ def main() -> None:
     ap.add_argument("--idle-at-once", action="store_true",
                     help="measure the idle costs on every rank at the same time (a core per "
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
+    ap.add_argument("--lean", action="store_true",
+                    help="only what the prediction itself needs: no ablation-only readings "
+                    "(the model's own, the in-place and the sustained host contention) and no "
+                    "confirmed choice -- a fifth or so of a 4-rank run, for a lent machine's "
+                    "10-minute calls; those ablations are then absent from the summary")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
@@ -179,8 +184,8 @@ def main() -> None:
     in_action = [cluster.compute_overhead_s]
     # the same with phases of 200 steps (~0.1 s) alone and together: an ablation (a
     # pipeline's ranks overlap for an action at a time)
-    sustained = [host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
-                                 pin_cores=args.pin)]
+    sustained = [] if args.lean else [host_contention(args.stages, args.threads,
+                                                      steps=SUSTAINED_STEPS, pin_cores=args.pin)]
     clock.mark("calibration")
     model_readings: dict[str, float] = {}
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
@@ -223,10 +228,12 @@ def main() -> None:
         # the ablation model_contention: contention measured on this model's own layers
         # (forward+backward of the whole model at a quarter of the batch, two processes
         # alone and together in alternation, one step a phase)
-        own = host_contention(args.stages, args.threads, steps=1, iterations=30,
-                              job=functools.partial(builtin_job, name, BATCH // 4,
-                                                    **sizes_of_model), pin_cores=args.pin)
-        model_readings[name] = own
+        own = None if args.lean else host_contention(
+            args.stages, args.threads, steps=1, iterations=30,
+            job=functools.partial(builtin_job, name, BATCH // 4, **sizes_of_model),
+            pin_cores=args.pin)
+        if own is not None:
+            model_readings[name] = own
         plans = grid(before, args.stages, BATCH, chunks=(1, 4, 16) if args.quick else (1, 2, 4, 8, 16),
                      checkpoints=("never", "always") if args.quick else
                      ("never", "except_last", "always"),
@@ -237,9 +244,10 @@ def main() -> None:
         # together in the run's layout, per micro-batch size (executor.in_place)
         balances = sorted({tuple(p.balance) for p in plans})
         sizes_of_plans = sorted({b for p in plans for b in p.micro_batch_sizes})
-        spans = [row for balance in balances
-                 for row in stage_contention(job, balance, sizes_of_plans,
-                                             threads=args.threads, pin_cores=args.pin)]
+        spans = [] if args.lean else [
+            row for balance in balances
+            for row in stage_contention(job, balance, sizes_of_plans,
+                                        threads=args.threads, pin_cores=args.pin)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
         clock.mark(f"{name}: in-place contention")
         # what a wait costs (--idle-costs, the default): each balance's actions after their
@@ -316,8 +324,9 @@ def main() -> None:
         # the host contention likewise: the mean of the readings before and after the grid
         # (on this VM one reading ranges 0-1.1 within the hour)
         contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
-        sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
-                                         pin_cores=args.pin))
+        if not args.lean:
+            sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
+                                             pin_cores=args.pin))
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"],
                      again["executor_gap_s"], again["wakeup_curve"]))
@@ -335,12 +344,13 @@ def main() -> None:
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
-                     "sustained_contention": (prof, dataclasses.replace(
+                     **({"sustained_contention": (prof, dataclasses.replace(
                          model_cluster, host_contention=sum(sustained[-2:]) / 2)),
-                     "model_contention": (prof, dataclasses.replace(model_cluster,
-                                                                    host_contention=own)),
-                     "in_place_contention": (prof, dataclasses.replace(
-                         model_cluster, host_slowdowns=tuple(spans))),
+                         "model_contention": (prof, dataclasses.replace(
+                             model_cluster, host_contention=own)),
+                         "in_place_contention": (prof, dataclasses.replace(
+                             model_cluster, host_slowdowns=tuple(spans)))}
+                        if not args.lean else {}),
                      **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
                                                                      idle_costs=()))}
                         if waits else {}),
@@ -369,7 +379,8 @@ def main() -> None:
         pd.concat(tables, ignore_index=True).to_csv(results / f"validation_{tag}.csv",
                                                     index=False)
         # (confirm_choice alternates the two plans itself: one pass is enough)
-        choices.append({"model": name, **confirm_choice(table, plans, measure_once)})
+        if not args.lean:
+            choices.append({"model": name, **confirm_choice(table, plans, measure_once)})
         # every plan replayed (a simulation each, milliseconds): the schedule logic and
         # the gaps alone, each action at its own measured median duration
         for plan, trace in zip(plans, traces, strict=True):
@@ -384,7 +395,8 @@ def main() -> None:
     summary = summarise(table)  # ablations included
     summary["replay_median_abs_error_pct"] = float(replay.replay_error_pct.abs().median())
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
-    summary["tuner_regret_confirmed_pct"] = max(max(c["regret_pct"] for c in choices), 0.0)
+    if choices:
+        summary["tuner_regret_confirmed_pct"] = max(max(c["regret_pct"] for c in choices), 0.0)
     noise = pass_noise(measured_all)  # the same plan measured in two passes, minutes apart
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
