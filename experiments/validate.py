@@ -15,6 +15,7 @@
    :func:`experiments.validation.with_alone_costs`).
 
     python experiments/validate.py [--models mlp,gpt] [--iterations 3] [--quick] [--no-pin]
+                                   [--stages 4 --idle-at-once] [--lean]
 Writes experiments/results/validation_cpu.csv/.json, calibration_cpu.json and figures.
 """
 
