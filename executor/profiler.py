@@ -591,8 +591,10 @@ def _side_stream(device: torch.device, index: int) -> torch.cuda.Stream:
 def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
                   iterations: int, background: Callable[[], object] | None = None) -> float:
     """Wall seconds of ``len(steps)`` threads, each with its own stream on a GPU, running
-    its step ``iterations`` times, started together (each thread's first step is set-up);
-    with ``background``, one more thread runs that over and over until they are done."""
+    its step ``iterations`` times, started together (each thread's first step is set-up),
+    until the last has run them and its stream has done their work; with ``background``,
+    one more thread runs that over and over until they are done (its queued work not
+    waited for)."""
     # (a thread that fails before the start breaks the barrier for the others: no hang)
     start, done = threading.Barrier(len(steps) + 2 if background else len(steps) + 1,
                                     timeout=600), threading.Event()
@@ -610,7 +612,13 @@ def _threads_wall(steps: Sequence[Callable[[], object]], device: torch.device,
             else:
                 for _ in range(count):
                     step()
-            synchronize(device)
+            # its own stream's work only: a device-wide synchronise would also wait for
+            # what the background thread has queued on its stream (on a device-bound pass
+            # the host runs many kernels ahead), timing the other thread's work as this one's
+            if stream is not None:
+                stream.synchronize()
+            else:
+                synchronize(device)
 
     timed = [threading.Thread(target=work, args=(i, step, iterations), daemon=True)
              for i, step in enumerate(steps)]
