@@ -29,7 +29,7 @@ runs were recorded with fresh worker threads each step (a defect of that executo
 thread's first bf16 matmul pays tens of ms), so they are reported apart and that defect
 is not modelled.
 
-    python experiments/repredict_evidence.py [--evidence DIR]
+    python experiments/repredict_evidence.py [--evidence DIR] [--sources ...] [--grid DIR ...]
 Writes experiments/results/repredict_evidence.csv (one row per plan and variant),
 repredict_evidence_summary.csv and repredict_evidence_memory.csv.
 """
@@ -571,11 +571,19 @@ def main() -> None:
     ap.add_argument("--evidence", type=Path, default=EVIDENCE)
     ap.add_argument("--sources",
                     default="traces,grid_2stages,gpu_results,h200_grid,cpu16,cpu16_latest")
+    ap.add_argument("--grid", type=Path, action="append", default=[], metavar="DIR",
+                    help="a gpu_validate.py --out folder to re-predict too, named by its "
+                    "folder (repeatable): a new GPU run's grid without a change here")
     args = ap.parse_args()
     rows: list[dict] = []
     for source in args.sources.split(","):
         rows += {"traces": traces, "grid_2stages": grid_2stages, "gpu_results": grid_gpu_results,
                  "h200_grid": grid_h200, "cpu16": cpu16, "cpu16_latest": cpu16_latest}[source](args.evidence)
+    for folder in args.grid:
+        if not (folder / "validation_gpu.csv").exists():
+            ap.error(f"--grid {folder}: no validation_gpu.csv there (a gpu_validate.py --out "
+                     "folder holds it, with its calibration and profiles)")
+        rows += _gpu_grid(folder.name, folder)
     table = pd.DataFrame(rows)
     summary = summarise(table)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
