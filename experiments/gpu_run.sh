@@ -14,8 +14,12 @@
 #       interpreter's hand-over? about a minute a model)
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
-# fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next cpu16, then threads with
-# tests, then gpu):
+# fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next, in one call,
+# `switch --model gpt; switch --model mlp` (two minutes: does the interpreter's hand-over
+# make the 2-sample plans' loss? experiments/README.md, "Measured on an H200"), then
+# gpu --models gpt into a folder of its own (its profiles time the pairs), re-predicted
+# afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16,
+# then threads with tests):
 #   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean alone in
 #           one call under `timeout 560`, then gpt alike (--lean: no ablation-only readings
 #           nor confirmed choice, a fifth or so less: 308 -> about 240 s for a quick
