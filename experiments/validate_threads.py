@@ -115,14 +115,13 @@ def main() -> None:
         no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain,
                                              "interpreter_slowdown": {}})
         no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
-        table, traces = predict_and_measure(prof, plans, cluster, measure, name,
-                                       {"no_interpreter": (prof, apart),
-                                        "no_ckpt_share": (no_ckpt_share, cluster),
-                                        "no_slowdown": (no_slowdown, cluster),
-                                        # each pass beside each other pass, as measured
-                                        # (Cluster.thread_pairs, in place of the shares)
-                                        "pairs": (prof, dataclasses.replace(
-                                            cluster, thread_pairs=True))})
+        # (and each pass beside each other pass, as measured: Cluster.thread_pairs, in
+        # place of the shares)
+        variants = {"no_interpreter": (prof, apart),
+                    "no_ckpt_share": (no_ckpt_share, cluster),
+                    "no_slowdown": (no_slowdown, cluster),
+                    "pairs": (prof, dataclasses.replace(cluster, thread_pairs=True))}
+        table, traces = predict_and_measure(prof, plans, cluster, measure, name, variants)
         tables.append(table)
         measured_all += traces
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
