@@ -1974,3 +1974,34 @@ def test_thread_pairs_need_a_profile_that_measured_them_and_round_trip(tmp_path)
         Profile(prof.table, {"pair_slowdown": {"1": {"F|F": 1.0}}})  # a pair missing
     with pytest.raises(ProfileError, match="positive"):
         _paired(prof, {"F|F": 0.0})
+
+
+def test_pair_sharing_slows_each_action_by_the_passes_beside_it():
+    import simpy
+
+    from pipesim.contention import PairSharing
+    from pipesim.profile import PAIR_KINDS
+
+    def ends(jobs: list[tuple[float, str, dict[str, float]]]) -> list[float]:
+        """End times of ``(seconds, pass, {other pass: ratio})`` started together."""
+        env = simpy.Environment()
+        share = PairSharing(env, PAIR_KINDS)
+        done: list[float] = [0.0] * len(jobs)
+        for i, (seconds, kind, ratios) in enumerate(jobs):
+            row = tuple(ratios.get(k, 1.0) for k in PAIR_KINDS)
+            share.run_pass(seconds, kind, row).callbacks.append(
+                lambda _e, i=i: done.__setitem__(i, env.now))
+        env.run()
+        return done
+
+    # two forwards that slow each other 2x: both end at 2 s
+    assert ends([(1.0, "F", {"F": 2.0})] * 2) == pytest.approx([2.0, 2.0])
+    # one direction: the forward runs at 1/3 beside the backward, which runs unhindered
+    # (1 s); then alone, the forward's 2/3 s left
+    assert ends([(1.0, "F", {"B": 3.0}), (1.0, "B", {})]) == pytest.approx([5 / 3, 1.0])
+    # a third thread adds its own slowdown (1 + 1 + 1): each at 1/3
+    assert ends([(1.0, "F", {"F": 2.0})] * 3) == pytest.approx([3.0] * 3)
+    # a ratio under 1 (a measurement's noise) does not speed an action up
+    assert ends([(1.0, "F", {"F": 0.8})] * 2) == pytest.approx([1.0, 1.0])
+    with pytest.raises(ValueError, match="ratio beside each"):
+        PairSharing(simpy.Environment(), PAIR_KINDS).run_pass(1.0, "X", (1.0,) * 4)
