@@ -675,19 +675,12 @@ def measure_engine_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.
     :func:`measure_interpreter_share`) for the forwards' and the recomputation's holds.
     None where the forwards hold too little of the interpreter to tell."""
     dev = torch.device(device)
-    xs, ys = x.to(dev), y.to(dev)
-    mine, theirs = copy.deepcopy(module).to(dev), copy.deepcopy(module).to(dev)
-    plain = functools.partial(loss_fn(mine(xs), ys).backward, retain_graph=True)
-    recomputing = functools.partial(
-        loss_fn(checkpoint(mine, xs, use_reentrant=False), ys).backward, retain_graph=True)
-    forward = functools.partial(theirs, xs)
+    passes = _passes(module, loss_fn, x, y, dev, 2)  # mine, then the other thread's
+    forward = passes["F"][1]
     ratios, alone = [], []
-    for step in (plain, recomputing):
-        once = _threads_wall([step], dev, 5) / 5
-        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
-        # (beside the forwards, then alone: each pair side by side, the alone one reused)
-        walls = [(_threads_wall([step], dev, n, background=forward),
-                  _threads_wall([step], dev, n)) for _ in range(trials)]
+    for step in (passes["B"][0], passes["Bc"][0]):
+        n = _repetitions(step, dev, iterations, min_seconds)
+        walls = _side_by_side(step, forward, dev, n, trials)
         alone.append(statistics.median(a for _, a in walls) / n)
         ratios.append(statistics.median(b / a for b, a in walls))
     # the recomputation's share of the checkpointed backward: what it costs over a plain one
@@ -747,17 +740,32 @@ def measure_interpreter_share(module: torch.nn.Module, loss_fn, x: torch.Tensor,
     passes = _passes(module, loss_fn, x, y, dev, 2)
     shares, slowdowns = {}, {}
     for kind, steps in passes.items():
-        # long enough to time (a tiny pass 20 times is mostly the threads' start), and the
-        # median of three pairs side by side: one stall of a shared machine inside a single
-        # pair would read as a lock many times slower
-        alone = _threads_wall(steps[:1], dev, 5) / 5
-        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(alone, 1e-6)))))
+        # the median of three pairs side by side: one stall of a shared machine inside a
+        # single pair would read as a lock many times slower
+        n = _repetitions(steps[0], dev, iterations, min_seconds)
         ratio = statistics.median(
             _threads_wall(steps, dev, n) / _threads_wall(steps[:1], dev, n)
             for _ in range(trials))
         shares[kind] = min(max(ratio / 2, 0.0), 1.0)
         slowdowns[kind] = max(ratio / 2, 1.0)
     return shares, slowdowns
+
+
+def _repetitions(step: Callable[[], object], device: torch.device, least: int,
+                 min_seconds: float) -> int:
+    """How many times to run ``step`` in a timing: at least ``least`` and ``min_seconds``
+    of it (a tiny pass 20 times is mostly the threads' start), at most 2000."""
+    once = _threads_wall([step], device, 5) / 5
+    return int(min(2000, max(least, math.ceil(min_seconds / max(once, 1e-6)))))
+
+
+def _side_by_side(step: Callable[[], object], background: Callable[[], object],
+                  device: torch.device, n: int, trials: int) -> list[tuple[float, float]]:
+    """``trials`` pairs of wall seconds of ``n`` runs of ``step``: beside a thread running
+    ``background`` over and over, then alone -- each pair side by side, so that a stall of
+    a shared machine weighs on one pair of the ``trials``."""
+    return [(_threads_wall([step], device, n, background=background),
+             _threads_wall([step], device, n)) for _ in range(trials)]
 
 
 def _passes(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: torch.Tensor,
@@ -804,14 +812,10 @@ def measure_pair_slowdown(module: torch.nn.Module, loss_fn, x: torch.Tensor, y: 
     passes = _passes(module, loss_fn, x, y, dev, 2)
     ratios: dict[str, float] = {}
     for kind, (mine, _) in passes.items():
-        once = _threads_wall([mine], dev, 5) / 5
-        n = int(min(2000, max(iterations, math.ceil(min_seconds / max(once, 1e-6)))))
+        n = _repetitions(mine, dev, iterations, min_seconds)
         for other, (_, theirs) in passes.items():
-            # (beside, then alone: each pair side by side, a stall of the machine in one
-            # pair weighs on one ratio of the three)
             ratios[f"{kind}|{other}"] = statistics.median(
-                _threads_wall([mine], dev, n, background=theirs) / _threads_wall([mine], dev, n)
-                for _ in range(trials))
+                b / a for b, a in _side_by_side(mine, theirs, dev, n, trials))
     return ratios
 
 

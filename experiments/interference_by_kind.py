@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.repredict_evidence import H200_GRID, _gpu_plans, in_place_costs
+from experiments.repredict_evidence import H200_GRID, _gpu_plans, _threads, in_place_costs
 from pipesim.cluster import Cluster, in_place_costs_of
 from pipesim.plan import Plan
 from pipesim.profile import PAIRS, Profile
@@ -163,8 +163,7 @@ def predict_with_fitted_pairs(table: pd.DataFrame, plans: list, costs: dict,
             continue
         placed = dataclasses.replace(cluster, in_place_costs=in_place_costs_of(costs[label]),
                                      device_sharing="concurrent")
-        paired = dataclasses.replace(placed, thread_pairs=True, devices=[
-            dataclasses.replace(d, process="workers") for d in placed.devices])
+        paired = dataclasses.replace(_threads(placed), thread_pairs=True)
         with_pairs = Profile(profile.table, {**profile.meta, "pair_slowdown": pairs[model]},
                              profile.source)
         out.append({"model": model, "dtype": dtype, "plan": plan.label(),

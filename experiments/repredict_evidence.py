@@ -323,9 +323,8 @@ def _same_layers(a: Profile, b: Profile) -> bool:
     return len(a.table) == len(b.table) and rows(a).equals(rows(b))
 
 
-def _predict(profile: Profile, plan: Plan, cluster: Cluster,
-             durations: dict | None = None) -> tuple[float, float]:
-    m = metrics(simulate(profile, plan, cluster, durations=durations, track_memory=False))
+def _predict(profile: Profile, plan: Plan, cluster: Cluster) -> tuple[float, float]:
+    m = metrics(simulate(profile, plan, cluster, track_memory=False))
     return m.iteration_time_s, m.mean_bubble
 
 
