@@ -18,11 +18,13 @@ No step runs the plans being validated: nothing is fitted to validation runs.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import queue
 import statistics
 import time
+import warnings
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -447,14 +449,57 @@ def measure_thread_overhead(device: str = "cuda:0", n_workers: int = 2,
     plan = Plan(even_balance(len(module), n_workers), 8, 32, checkpoint="never", schedule="1f1b")
     taken = []
     for _ in range(readings):
-        prof = profile(module, (x, y), [4], device, loss_fn=loss_fn, repeats=20, warmup=5,
-                       progress=False)
+        with warnings.catch_warnings():
+            # tiny layers' repetitions spread widely on any host; the readings' median is
+            # what the noise is answered with, not a warning to the user
+            warnings.filterwarnings("ignore", message="profile: .* noisy measurement")
+            prof = profile(module, (x, y), [4], device, loss_fn=loss_fn, repeats=20,
+                           warmup=5, progress=False)
         with Pipeline(module, plan, devices=[device] * n_workers, loss_fn=loss_fn,
                       track_memory=False) as pipe:
             actions = pipe.run(x, y, iterations=iterations, warmup=3).trace.actions
         taken.append(_overheads(actions, prof, plan))
     return {**{key: statistics.median(r[key] for r in taken) for key in taken[0]},
             "in_action_readings": [r["in_action_s"] for r in taken]}
+
+
+def calibrate_threads(device: str = "cuda:0", n_workers: int = 2, readings: int = 3) -> Cluster:
+    """The cluster of the in-process executor (:class:`executor.pipeline.Pipeline`):
+    ``n_workers`` stage threads of this process, every stage on ``device``, with the
+    executor's overheads measured there (:func:`measure_thread_overhead`; seconds).
+
+    * On an accelerator the workers share its compute, their kernels running at once
+      (:meth:`pipesim.cluster.Cluster.shared_gpu`, by the device's concurrency law: the one
+      a profile measured with ``streams=n_workers``, which folds the threads' shared
+      interpreter in, else the one its size scaling implies).
+    * On the CPU each worker computes on a core of its own (workers beyond this process's
+      cores share them in turn) and the workers hold one interpreter, for the shares a
+      profile measured with ``interpreter=True`` (:attr:`pipesim.cluster.Device.process`).
+
+    What ``gpu_validate.py`` and ``validate_threads.py`` predict their grids with; the
+    costs of each stage in place (:func:`executor.in_place.device_stage_costs`) add to it.
+    """
+    dev = torch.device(device)
+    over = measure_thread_overhead(device, n_workers, readings=readings)
+    if dev.type == "cpu":
+        cluster = Cluster.cpu_threads(n_workers, cores=len(os.sched_getaffinity(0)))
+    else:
+        cluster = Cluster.shared_gpu(n_workers)
+        memory = (torch.cuda.get_device_properties(dev).total_memory if dev.type == "cuda"
+                  else cluster.devices[0].memory_bytes)
+        cluster = dataclasses.replace(cluster, devices=[
+            dataclasses.replace(d, physical=str(dev), memory_bytes=memory)
+            for d in cluster.devices])
+    return dataclasses.replace(cluster, compute_overhead_s=over["in_action_s"],
+                               action_gap_s=over["between_actions_s"],
+                               wakeup_gap_s=over["wakeup_s"])
+
+
+def overheads_text(cluster: Cluster) -> str:
+    """The executor's overheads of ``cluster`` in one line, in milliseconds."""
+    return (f"overhead {cluster.compute_overhead_s * 1e3:.3f} ms in an action, "
+            f"{cluster.action_gap_s * 1e3:.3f} ms between actions, "
+            f"{cluster.wakeup_s * 1e3:.3f} ms after a wake-up")
 
 
 def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, port: int,

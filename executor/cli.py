@@ -68,8 +68,11 @@ def parse_sizes(pairs: Sequence[str]) -> dict:
 
 
 def profile_model(model_name: str, sizes: dict, micro_batches: list[int], device: str,
-                  dtype: str, repeats: int, warmup: int, progress: bool = True):
-    """Build a built-in model and profile it; returns ``(BuiltinModel, Profile)``."""
+                  dtype: str, repeats: int, warmup: int, progress: bool = True,
+                  **measure):
+    """Build a built-in model and profile it; returns ``(BuiltinModel, Profile)``.
+    ``measure`` adds the profiler's optional measurements (``streams``, ``interpreter``,
+    ``pairs``: :func:`executor.profiler.profile`)."""
 
     from executor.models import build_model
     from executor.profiler import profile
@@ -82,7 +85,7 @@ def profile_model(model_name: str, sizes: dict, micro_batches: list[int], device
         raise UserError(f"model {model_name!r}: {exc}") from None
     batch = built.make_batch(max(micro_batches))
     prof = profile(built.module, batch, micro_batches, device, loss_fn=built.loss_fn,
-                   repeats=repeats, warmup=warmup, dtype=dt, progress=progress,
+                   repeats=repeats, warmup=warmup, dtype=dt, progress=progress, **measure,
                    meta={"model": model_name, "model_sizes": built.sizes})
     return built, prof
 
@@ -116,14 +119,31 @@ def add_profile_options(p: argparse.ArgumentParser) -> None:
                    help="untimed passes first (default 2)")
 
 
+def add_sharing_options(p: argparse.ArgumentParser) -> None:
+    """How stage threads share a device and the interpreter, measured by the profiler."""
+    p.add_argument("--streams", type=non_negative_int, default=0, metavar="K",
+                   help="also measure how 1..K threads, each with its own stream, share the "
+                   "device at each size (stages as threads on one GPU: K = the stages; "
+                   "meta['stream_speedup'])")
+    p.add_argument("--interpreter", action="store_true",
+                   help="also measure the share of each pass that holds the interpreter, and "
+                   "its slowdown while contended (stages as threads of one process)")
+    p.add_argument("--pairs", action="store_true",
+                   help="also time each pass beside each other pass (16 pairs a size; for "
+                   "a cluster with thread_pairs)")
+
+
 def cmd_profile(args: argparse.Namespace) -> int:
     import torch
 
     sizes = parse_ints(args.sizes, "--sizes")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
+    if args.streams == 1:
+        raise UserError("--streams 1: the device's sharing needs 2 or more threads")
     _, prof = profile_model(args.model, parse_sizes(args.set), sizes, args.device, args.dtype,
-                            args.repeats, args.warmup)
+                            args.repeats, args.warmup, streams=args.streams,
+                            interpreter=args.interpreter, pairs=args.pairs)
     path = prof.save(args.out)
     print(prof.summary().round(4).to_string(index=False))
     print(f"profiled {prof.n_layers} layers x {len(sizes)} sizes in "
@@ -136,6 +156,7 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
                        description="Profile every layer of a built-in model at several "
                        "micro-batch sizes; write PROFILE.csv and PROFILE.json.")
     add_profile_options(p)
+    add_sharing_options(p)
     p.add_argument("--out", default="out/profile.csv", help="profile CSV path")
     p.set_defaults(func=cmd_profile)
 
@@ -147,6 +168,14 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="out/demo")
     p.add_argument("--quick", action="store_true", help="fewer repetitions (for tests)")
     p.set_defaults(func=lambda a: __import__("executor.demo", fromlist=["main"]).main(a))
+
+
+def default_cluster(transport: str, device: str) -> str:
+    """The cluster preset that predicts a run of ``transport`` on ``device`` where the user
+    names none: CPU processes, or the threads of one process on the CPU or on one GPU."""
+    if transport == "processes":
+        return "cpu"
+    return "cpu-threads" if device.split(":")[0] == "cpu" else "shared-gpu"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -224,7 +253,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         from pipesim.plot import gantt_pair, memory_pair
         from pipesim.simulator import simulate
 
-        cluster = load_cluster(args.cluster, plan.n_devices)
+        cluster = load_cluster(args.cluster or default_cluster(args.transport, args.device),
+                               plan.n_devices)
         predicted = simulate(profile, plan, cluster)
         write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
         cmp = compare(predicted, result.trace)
@@ -256,107 +286,198 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=positive_int, default=5, help="measured (default 5)")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="unmeasured first (default 2)")
     p.add_argument("--profile", help="profile CSV: also simulate the plan and compare")
-    p.add_argument("--cluster", default="cpu",
-                   help="cluster preset or JSON for the prediction (default cpu)")
+    p.add_argument("--cluster", default=None,
+                   help="cluster preset or JSON for the prediction (`pipesim calibrate` "
+                   "writes one for this machine; default the transport's preset: cpu for "
+                   "processes, cpu-threads or shared-gpu for threads on --device)")
     p.add_argument("--out", default="out/run", help="output folder (default out/run)")
     p.set_defaults(func=cmd_run)
 
 
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    """Measure this machine's cluster for ``--stages`` CPU processes (links, the executor's
-    overheads, host contention) and, with ``--idle-costs PROFILE``, what a wait costs each
-    stage of one balance (:func:`executor.in_place.idle_costs`), read against that profile,
-    and what checkpointing adds to each stage's backward
-    (:func:`executor.in_place.checkpoint_extras`) and its own executor seconds between
-    actions (:class:`pipesim.cluster.ExecutorGap`); write the Cluster JSON that
-    ``simulate``, ``tune`` and ``run --cluster`` take."""
+def _in_place_inputs(args: argparse.Namespace, path: str, flag: str):
+    """What a measurement in place reads, checked before its minutes start: the profile at
+    ``path`` (given as ``flag``), the balances (``--balance``, repeatable; default the
+    profile's time-balanced one), the built-in job and the profile's micro-batch sizes
+    that fit ``--batch-size``."""
     import functools
 
-    import torch
-
-    from executor.calibrate import calibrate_cpu, calibration_executor_gap
-    from executor.in_place import checkpoint_extras_of, executor_gaps_of, idle_costs, stage_costs
     from executor.models import builtin_job
     from pipesim.balance import min_max_partition
-    from pipesim.costs import with_profile_seconds
     from pipesim.errors import PipesimError
     from pipesim.profile import Profile
+    from pipesim.tune import tuned_balances
 
-    torch.set_num_threads(args.threads)
-    if args.stages < 2:
-        raise UserError(f"--stages {args.stages}: a pipeline's processes are 2 or more")
-    profile = balance = job = sizes = None
-    if args.idle_costs:
-        # everything that can be refused is checked before the minutes of measuring
+    try:
+        profile = Profile.load(path)
+    except (OSError, PipesimError, ValueError) as exc:
+        raise UserError(f"{flag} {path}: {exc}") from None
+    sizes = [b for b in profile.micro_batch_sizes if b <= args.batch_size]
+    if not sizes:
+        raise UserError(f"{flag} {path}: no micro-batch size of the profile "
+                        f"({profile.micro_batch_sizes}) fits --batch-size {args.batch_size}")
+    if args.balance and "tuned" in args.balance:
+        # every balance the tuner tries for this batch: its candidates then all cost what
+        # was measured, one ruler
         try:
-            profile = Profile.load(args.idle_costs)
-        except (OSError, PipesimError, ValueError) as exc:
-            raise UserError(f"--idle-costs {args.idle_costs}: {exc}") from None
-        sizes = [b for b in profile.micro_batch_sizes if b <= args.batch_size]
-        if not sizes:
-            raise UserError(f"--idle-costs {args.idle_costs}: no micro-batch size of the profile "
-                            f"({profile.micro_batch_sizes}) fits --batch-size {args.batch_size}")
-        balance = (parse_ints(args.balance, "--balance") if args.balance else
-                   min_max_partition(profile.layer_times(sizes[len(sizes) // 2]), args.stages))
+            balances = tuned_balances(profile, args.stages, args.batch_size)
+        except PipesimError as exc:
+            raise UserError(f"--balance tuned: {exc}") from None
+        for given in (parse_ints(b, "--balance") for b in args.balance if b != "tuned"):
+            balances += [given] if given not in balances else []
+    else:
+        balances = ([parse_ints(b, "--balance") for b in args.balance] if args.balance else
+                    [min_max_partition(profile.layer_times(sizes[len(sizes) // 2]),
+                                       args.stages)])
+    for balance in balances:
         if len(balance) != args.stages:
-            raise UserError(f"--balance {args.balance} has {len(balance)} stages, --stages is "
-                            f"{args.stages}")
-        job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype,
-                                **parse_sizes(args.set))
-        try:
-            module = job()[0]
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise UserError(f"model {args.model!r}: {exc}") from None
+            raise UserError(f"--balance {','.join(map(str, balance))} has {len(balance)} "
+                            f"stages, --stages is {args.stages}")
+    job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype,
+                            **parse_sizes(args.set))
+    try:
+        module = job()[0]
+    except (TypeError, ValueError, AttributeError) as exc:
+        raise UserError(f"model {args.model!r}: {exc}") from None
+    for balance in balances:
         if len(module) != profile.n_layers or sum(balance) != profile.n_layers:
-            raise UserError(f"--idle-costs {args.idle_costs} has {profile.n_layers} layers, model "
+            raise UserError(f"{flag} {path} has {profile.n_layers} layers, model "
                             f"{args.model!r} {len(module)}, --balance {list(balance)} sums to "
                             f"{sum(balance)}: profile the same model (`pipesim profile`)")
+    return profile, balances, job, sizes
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """Measure this machine's cluster for ``--stages`` workers and write the Cluster JSON
+    that ``simulate``, ``tune`` and ``run --cluster`` take: CPU processes
+    (:func:`_calibrate_processes`) or the threads of one process on one device
+    (:func:`_calibrate_threads`)."""
+    import torch
+
+    if args.stages < 2:
+        raise UserError(f"--stages {args.stages}: a pipeline's workers are 2 or more")
+    if args.transport == "threads":
+        check_device(args.device)
+        for flag, given in (("--pin", args.pin), ("--idle-costs", args.idle_costs),
+                            ("--idle-at-once", args.idle_at_once)):
+            if given:
+                raise UserError(f"{flag} is for --transport processes (with threads, measure "
+                                "each stage in place with --stage-costs PROFILE)")
+    else:
+        if args.stage_costs:
+            raise UserError("--stage-costs is for --transport threads (processes measure "
+                            "their stages in place with --idle-costs PROFILE)")
+        if args.device != "cpu":
+            raise UserError(f"--device {args.device}: the processes transport runs on the CPU "
+                            "(stages on a GPU: --transport threads)")
+        if args.balance and (len(args.balance) > 1 or args.balance[0] == "tuned"):
+            raise UserError(f"--balance {' '.join(args.balance)}: --idle-costs measures one "
+                            "balance (minutes each)")
+    torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
-    print(f"calibrating {args.stages} processes ...", flush=True)
-    cluster = calibrate_cpu(args.stages, threads_per_rank=args.threads, pin_cores=args.pin)
-    print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
-          f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s; overhead {cluster.compute_overhead_s * 1e6:.0f}"
-          f" us in an action, {cluster.action_gap_s * 1e6:.0f} us between actions, "
-          f"{cluster.wakeup_s * 1e6:.0f} us after a wake-up; host contention "
-          f"{cluster.host_contention:.2f}", flush=True)
-    if profile is not None and balance is not None and sizes is not None and job is not None:
-        print(f"idle costs of balance {list(balance)} at {sizes} samples "
-              f"({'every rank at once' if args.idle_at_once else 'one rank at a time'}) ...",
-              flush=True)
-        rows = idle_costs(job, balance, sizes, rounds=args.idle_rounds, threads=args.threads,
-                          pin_cores=args.pin, at_once=args.idle_at_once)
-        rows = with_profile_seconds(rows, profile, cluster, balance)
-        cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
-        firsts = [sum(balance[:i]) for i in range(len(balance))]
-        spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
-        for (first, kind, ckpt), part in sorted(spans.items()):
-            extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
-                              for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
-            print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
-                  f"seconds more after an idle of {extra} ms")
-        # and what checkpointing adds to each stage's backward, where no idle curve reads
-        # it in place (the last stage's), and each stage's own executor seconds between
-        # actions: one in-place measurement of the stages
-        stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
-        extras = checkpoint_extras_of(stages)
-        # (read against the calibration pipeline's own, which calibrate_cpu measures)
-        base = cluster.executor_gap_base_s or calibration_executor_gap(pin_cores=args.pin)
-        cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras),
-                                      executor_gaps=tuple(executor_gaps_of(stages)),
-                                      executor_gap_base_s=base)
-        for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
-            print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
-                  + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
-                              for x in sorted(part, key=lambda x: x.micro_batch)))
-        print("  executor's own seconds around an action (calibration pipeline's "
-              f"{cluster.executor_gap_base_s * 1e3:.3f} ms): " + "  ".join(
-                  f"stage {firsts.index(x.first)} {x.micro_batch} samples "
-                  f"{x.seconds * 1e3:.3f} ms" for x in cluster.executor_gaps if not x.checkpointed))
-        print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
+    calibrate = _calibrate_threads if args.transport == "threads" else _calibrate_processes
+    cluster = calibrate(args)
     path = cluster.save(args.out)
     print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {path} "
           f"(pipesim simulate/tune/run --cluster {path})")
     return 0
+
+
+def _calibrate_threads(args: argparse.Namespace):
+    """The in-process executor's cluster on ``--device`` (:func:`executor.calibrate.
+    calibrate_threads`) and, with ``--stage-costs PROFILE``, each stage of each
+    ``--balance`` measured in place there, plain and checkpointed at the profile's sizes
+    (:func:`executor.in_place.device_stage_costs`): the seconds those plans' actions cost
+    (:class:`pipesim.cluster.InPlaceCost`).  On the H200 grid they took the median error
+    from 7.3% to 4.9% (``experiments/README.md``)."""
+    from executor.calibrate import calibrate_threads, overheads_text
+    from executor.in_place import device_stage_costs
+    from pipesim.cluster import in_place_costs_of
+    from pipesim.costs import profile_seconds
+
+    inputs = (_in_place_inputs(args, args.stage_costs, "--stage-costs")
+              if args.stage_costs else None)
+    print(f"calibrating {args.stages} threads on {args.device} ...", flush=True)
+    cluster = calibrate_threads(args.device, args.stages)
+    print(f"  {overheads_text(cluster)}", flush=True)
+    if inputs is None:
+        return cluster
+    profile, balances, job, sizes = inputs
+    rows: list[dict] = []
+    for balance in balances:
+        print(f"each stage of balance {list(balance)} in place at {sizes} samples ...",
+              flush=True)
+        measured = device_stage_costs(job, balance, sizes, device=args.device,
+                                      rounds=args.in_place_rounds)
+        rows += measured
+        firsts = [sum(balance[:i]) for i in range(len(balance))]
+        for r in sorted(measured, key=lambda r: (r["first"], r["checkpointed"],
+                                                 r["micro_batch"])):
+            alone = profile_seconds(profile, cluster, list(balance), r["micro_batch"],
+                                    r["checkpointed"])[firsts.index(r["first"])]
+            print(f"  stage {firsts.index(r['first'])} {r['micro_batch']} samples"
+                  f"{' checkpointed' if r['checkpointed'] else ''}: forward "
+                  f"{r['fwd_s'] * 1e3:.3f} ms (profile {alone[0] * 1e3:.3f}), backward "
+                  f"{r['bwd_s'] * 1e3:.3f} ms (profile {alone[1] * 1e3:.3f})")
+    listed = ", ".join(str(list(b)) for b in balances)
+    print(f"  (plans of balance {listed} cost what was measured; other balances the profile's)")
+    return dataclasses.replace(cluster, in_place_costs=in_place_costs_of(rows))
+
+
+def _calibrate_processes(args: argparse.Namespace):
+    """Links, the executor's overheads and the host contention of ``--stages`` CPU
+    processes and, with ``--idle-costs PROFILE``, what a wait costs each stage of one
+    balance (:func:`executor.in_place.idle_costs`), read against that profile, what
+    checkpointing adds to each stage's backward (:func:`executor.in_place.
+    checkpoint_extras`) and its own executor seconds between actions
+    (:class:`pipesim.cluster.ExecutorGap`)."""
+    from executor.calibrate import calibrate_cpu, calibration_executor_gap, overheads_text
+    from executor.in_place import checkpoint_extras_of, executor_gaps_of, idle_costs, stage_costs
+    from pipesim.costs import with_profile_seconds
+
+    inputs = (_in_place_inputs(args, args.idle_costs, "--idle-costs")
+              if args.idle_costs else None)
+    print(f"calibrating {args.stages} processes ...", flush=True)
+    cluster = calibrate_cpu(args.stages, threads_per_rank=args.threads, pin_cores=args.pin)
+    print(f"  link {cluster.link.latency_s * 1e6:.0f} us + bytes / "
+          f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s; {overheads_text(cluster)}; host "
+          f"contention {cluster.host_contention:.2f}", flush=True)
+    if inputs is None:
+        return cluster
+    profile, (balance,), job, sizes = inputs
+    print(f"idle costs of balance {list(balance)} at {sizes} samples "
+          f"({'every rank at once' if args.idle_at_once else 'one rank at a time'}) ...",
+          flush=True)
+    rows = idle_costs(job, balance, sizes, rounds=args.idle_rounds, threads=args.threads,
+                      pin_cores=args.pin, at_once=args.idle_at_once)
+    rows = with_profile_seconds(rows, profile, cluster, balance)
+    cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
+    for (first, kind, ckpt), part in sorted(spans.items()):
+        extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
+                          for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
+        print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
+              f"seconds more after an idle of {extra} ms")
+    # and what checkpointing adds to each stage's backward, where no idle curve reads
+    # it in place (the last stage's), and each stage's own executor seconds between
+    # actions: one in-place measurement of the stages
+    stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
+    extras = checkpoint_extras_of(stages)
+    # (read against the calibration pipeline's own, which calibrate_cpu measures)
+    base = cluster.executor_gap_base_s or calibration_executor_gap(pin_cores=args.pin)
+    cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras),
+                                  executor_gaps=tuple(executor_gaps_of(stages)),
+                                  executor_gap_base_s=base)
+    for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
+        print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
+              + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
+                          for x in sorted(part, key=lambda x: x.micro_batch)))
+    print("  executor's own seconds around an action (calibration pipeline's "
+          f"{cluster.executor_gap_base_s * 1e3:.3f} ms): " + "  ".join(
+              f"stage {firsts.index(x.first)} {x.micro_batch} samples "
+              f"{x.seconds * 1e3:.3f} ms" for x in cluster.executor_gaps if not x.checkpointed))
+    print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
+    return cluster
 
 
 def _grouped(rows, key) -> dict:
@@ -368,27 +489,46 @@ def _grouped(rows, key) -> dict:
 
 
 def add_calibrate(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("calibrate", help="measure this machine's cluster (CPU processes)",
-                       description="Measure the links, the executor's overheads and the host "
-                       "contention of --stages CPU processes on this machine (about 20 s), and "
-                       "with --idle-costs what a wait costs each stage's actions (minutes); "
-                       "write a Cluster JSON for simulate, tune and run --cluster.")
+    p = sub.add_parser("calibrate", help="measure this machine's cluster (CPU processes, or "
+                       "threads on one device)",
+                       description="Measure the executor's cluster on this machine and write a "
+                       "Cluster JSON for simulate, tune and run --cluster. --transport "
+                       "processes (default): the links, the executor's overheads and the host "
+                       "contention of --stages CPU processes (about 20 s), and with --idle-costs "
+                       "what a wait costs each stage's actions (minutes). --transport threads: "
+                       "the overheads of --stages stage threads on --device (a GPU, or the "
+                       "CPU), and with --stage-costs each stage of each --balance measured in "
+                       "place there.")
     add_model_options(p)
-    p.add_argument("--stages", type=positive_int, default=2, help="processes (default 2)")
+    p.add_argument("--transport", default="processes", choices=["processes", "threads"],
+                   help="one process per stage (CPU, default), or threads of one process "
+                   "(`run --transport threads`)")
+    p.add_argument("--device", default="cpu",
+                   help="the threads' device: cpu or cuda[:N] (default cpu)")
+    p.add_argument("--stages", type=positive_int, default=2, help="workers (default 2)")
     p.add_argument("--pin", action="store_true",
                    help="each process on its own cores, as `run --transport processes --pin`")
     p.add_argument("--idle-costs", metavar="PROFILE",
-                   help="also measure idle costs in place, read against this profile of "
-                   "--model (taken on this machine: `pipesim profile`)")
-    p.add_argument("--balance", help="the balance whose stages the idle costs are measured for "
-                   "(default: time-balanced from the profile)")
+                   help="processes: also measure idle costs in place, read against this "
+                   "profile of --model (taken on this machine: `pipesim profile`)")
+    p.add_argument("--stage-costs", metavar="PROFILE",
+                   help="threads: also measure each stage of --balance in place on --device, "
+                   "plain and checkpointed at this profile's sizes (taken there: `pipesim "
+                   "profile --device ...`); plans of that balance cost what was measured")
+    p.add_argument("--balance", action="append", metavar="BALANCE",
+                   help="the balance whose stages are measured in place (default: "
+                   "time-balanced from the profile); threads: repeat it for several, or "
+                   "`tuned` for every balance `pipesim tune` tries at --batch-size")
     p.add_argument("--batch-size", type=positive_int, default=32,
-                   help="samples per iteration: the idle costs' largest micro-batch (default 32)")
+                   help="samples per iteration: the largest micro-batch measured in place "
+                   "(default 32)")
     p.add_argument("--idle-rounds", type=positive_int, default=10,
                    help="rounds of the idle-cost measurement (default 10)")
     p.add_argument("--idle-at-once", action="store_true",
                    help="every rank measures its idle costs at the same time (a core per rank "
                    "and more; see executor.in_place.idle_costs)")
+    p.add_argument("--in-place-rounds", type=positive_int, default=5,
+                   help="rounds of the --stage-costs measurement (default 5)")
     p.add_argument("--out", default="out/cluster.json", help="cluster JSON path")
     p.set_defaults(func=cmd_calibrate)
 

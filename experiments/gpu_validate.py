@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from executor.calibrate import measure_thread_overhead
+from executor.calibrate import calibrate_threads, overheads_text
 from executor.in_place import device_stage_costs
 from executor.memory import tensor_bytes
 from executor.models import builtin_job
@@ -181,13 +181,9 @@ def main() -> None:
     speedups: dict[str, dict] = {}
     sizes = sorted({max(1, args.batch // c) for c in (1, 2, 4, 8, 16)})
     for n_stages in [int(s) for s in args.stages.split(",")]:
-        over = measure_thread_overhead(args.device, n_stages)
-        cluster = Cluster.shared_gpu(n_stages)
-        cluster.compute_overhead_s = over["in_action_s"]
-        cluster.action_gap_s = over["between_actions_s"]
-        cluster.wakeup_gap_s = over["wakeup_s"]
+        cluster = calibrate_threads(args.device, n_stages)
         cluster.save(out / f"calibration_{n_stages}stages.json")
-        print(f"{n_stages} stages: overhead {over}", flush=True)
+        print(f"{n_stages} stages: {overheads_text(cluster)}", flush=True)
         for dtype in args.dtypes.split(","):
             for name, model_sizes in models.items():
                 module, loss_fn, x, y = builtin_job(name, args.batch, dtype=dtype, **model_sizes)

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from executor.calibrate import measure_thread_overhead
+from executor.calibrate import calibrate_threads, overheads_text
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
@@ -44,7 +44,6 @@ from experiments.validation import (
     summarise,
 )
 from pipesim.balance import min_max_partition
-from pipesim.cluster import Cluster, Device
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 
@@ -68,16 +67,12 @@ def main() -> None:
                     help="one pass more for a plan whose passes lie further apart (0: none)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    over = measure_thread_overhead("cpu", 2)
     # as gpu_validate.py calibrates the GPU's threads (on a tiny 1F1B pipeline: its
     # overheads hold some of the interpreter's turns too, a little counted twice)
-    cluster = Cluster([Device(f"t{i}", physical=f"core{i}", process="main") for i in range(2)],
-                      compute_overhead_s=over["in_action_s"],
-                      action_gap_s=over["between_actions_s"], wakeup_gap_s=over["wakeup_s"],
-                      name="cpu_threads")
+    cluster = calibrate_threads("cpu", 2)
     apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
                                                   for d in cluster.devices])
-    print(f"overheads {over}", flush=True)
+    print(overheads_text(cluster), flush=True)
     tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])

@@ -505,6 +505,17 @@ class Cluster:
                    name="cpu_processes")
 
     @classmethod
+    def cpu_threads(cls, n: int, cores: int = 0, memory_bytes: float = math.inf) -> Cluster:
+        """``n`` stage threads of one process on the CPU (the in-process executor): each
+        computes on a core of its own -- of ``cores`` (0: as many as threads), taken in
+        turn beyond them -- and all hold one interpreter, for the shares a profile measured
+        with ``interpreter=True``; no copies (rough overhead)."""
+        cores = cores or n
+        return cls([Device(f"t{i}", physical=f"core{i % cores}", memory_bytes=memory_bytes,
+                           process="main") for i in range(n)],
+                   compute_overhead_s=30e-6, name="cpu_threads")
+
+    @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
         """``n`` GPUs on NVLink (H100-class: ~10 us, ~300 GB/s a direction, rough)."""
         return cls([Device(f"cuda:{i}", memory_bytes=memory_bytes) for i in range(n)],

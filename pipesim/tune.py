@@ -85,6 +85,40 @@ def _neighbours(balance: Sequence[int]) -> Iterable[list[int]]:
                 yield b
 
 
+def chunk_counts(profile: Profile, batch_size: int, chunks: Sequence[int] | None = None
+                 ) -> list[int]:
+    """The chunk counts the tuner tries for ``batch_size`` samples: ``chunks`` (default
+    powers of two up to the batch size) whose micro-batches all fall in the profiled
+    range of sizes; a PlanError where none does."""
+    lo, hi = min(profile.micro_batch_sizes), max(profile.micro_batch_sizes)
+    if chunks is None:
+        chunks = [c for c in (2**k for k in range(int(math.log2(batch_size)) + 1))
+                  if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi]
+    chunks = [c for c in chunks if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi
+              and min(Plan([1], c, batch_size).micro_batch_sizes) >= lo]
+    if not chunks:
+        raise PlanError(f"no chunks count splits {batch_size} samples into micro-batches inside "
+                        f"the profiled range [{lo}, {hi}]")
+    return chunks
+
+
+def tuned_balances(profile: Profile, n_stages: int, batch_size: int, *,
+                   cluster: Cluster | None = None, chunks: Sequence[int] | None = None,
+                   checkpoints: Sequence[str] = CHECKPOINT_MODES, method: str = "minmax",
+                   refine: bool = True) -> list[list[int]]:
+    """Every balance of ``n_stages`` stages that :func:`tune` tries with one stage a
+    device (every schedule but the interleaved and V-shaped ones), in the order it first
+    meets them: what to measure in place so that the tuner ranks all its candidates by
+    one ruler (:attr:`pipesim.cluster.Cluster.in_place_costs`)."""
+    out: list[list[int]] = []
+    for c in chunk_counts(profile, batch_size, chunks):
+        for ckpt in checkpoints:
+            base = stage_balance(profile, n_stages, math.ceil(batch_size / c), ckpt, cluster,
+                                 method)
+            out += [b for b in (_neighbours(base) if refine else [base]) if b not in out]
+    return out
+
+
 def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float, *,
          cluster: Cluster | None = None, chunks: Sequence[int] | None = None,
          checkpoints: Sequence[str] = CHECKPOINT_MODES,
@@ -114,15 +148,7 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     if n_devices > profile.n_layers:
         raise PlanError(f"{n_devices} devices is more than the {profile.n_layers} layers")
     cluster = cluster or Cluster.free(n_devices)
-    lo, hi = min(profile.micro_batch_sizes), max(profile.micro_batch_sizes)
-    if chunks is None:
-        chunks = [c for c in (2**k for k in range(int(math.log2(batch_size)) + 1))
-                  if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi]
-    chunks = [c for c in chunks if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi
-              and min(Plan([1], c, batch_size).micro_batch_sizes) >= lo]
-    if not chunks:
-        raise PlanError(f"no chunks count splits {batch_size} samples into micro-batches inside "
-                        f"the profiled range [{lo}, {hi}]")
+    chunks = chunk_counts(profile, batch_size, chunks)
     # per physical device: the tighter of the budget and its memory
     limit: dict[str, float] = {}
     for d in cluster.devices[:n_devices]:

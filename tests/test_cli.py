@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -92,7 +93,20 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["profile", "--device", "cuda:7"], "--device 'cuda:7'"),
     (["run", "--iterations", "0"], "--iterations: must be an integer of at least 1"),
     (["run", "--plan", "nowhere.json"], "nowhere.json: cannot read a plan"),
-    (["calibrate", "--stages", "1"], "--stages 1: a pipeline's processes are 2 or more"),
+    (["calibrate", "--stages", "1"], "--stages 1: a pipeline's workers are 2 or more"),
+    (["calibrate", "--transport", "threads", "--idle-costs", "{profile}"],
+     "--idle-costs is for --transport processes"),
+    (["calibrate", "--transport", "threads", "--pin"], "--pin is for --transport processes"),
+    (["calibrate", "--transport", "threads", "--device", "cuda:7"], "--device 'cuda:7'"),
+    (["calibrate", "--stage-costs", "{profile}"], "--stage-costs is for --transport threads"),
+    (["calibrate", "--device", "cuda"], "the processes transport runs on the CPU"),
+    (["calibrate", "--idle-costs", "{profile}", "--balance", "2,2", "--balance", "1,3"],
+     "--balance 2,2 1,3: --idle-costs measures one balance"),
+    (["calibrate", "--transport", "threads", "--stage-costs", "{profile}", "--balance", "2,2",
+      "--balance", "1,1,2"], "--balance 1,1,2 has 3 stages, --stages is 2"),
+    (["calibrate", "--transport", "threads", "--stage-costs", "nowhere.csv"],
+     "--stage-costs nowhere.csv:"),
+    (["profile", "--streams", "1"], "--streams 1: the device's sharing needs 2 or more threads"),
     (["calibrate", "--idle-costs", "nowhere.csv"], "--idle-costs nowhere.csv:"),
     (["calibrate", "--idle-costs", "{profile}", "--batch-size", "1", "--model", "mlp"],
      "has 4 layers, model 'mlp' 9"),
@@ -174,6 +188,62 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
         (f, b, c) for f in (0, 1) for b in (2, 4) for c in (False, True)]
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
                  "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
+
+
+def test_calibrate_threads_measures_each_stage_of_each_balance_in_place(tmp_path, capsys):
+    from executor.cli import default_cluster
+    from pipesim.cluster import Cluster
+    from pipesim.profile import Profile
+    from pipesim.simulator import simulate
+
+    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+    prof = tmp_path / "p.csv"
+    # the stage threads' sharing measured with the profile: the device's law and the
+    # interpreter's shares at each size
+    assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
+                 "--streams", "2", "--interpreter", "--out", str(prof)]) == 0
+    profile = Profile.load(prof)
+    assert profile.stream_speedup(2)[0] == 1.0 and len(profile.stream_speedup(4)) == 2
+    assert profile.interpreter_share(4) is not None
+    out = tmp_path / "cluster.json"
+    # every balance the tuner tries at 4 samples ([2, 2] and its neighbours; one named
+    # too is measured once)
+    assert main(["calibrate", "--transport", "threads", *small, "--stage-costs", str(prof),
+                 "--balance", "tuned", "--balance", "1,3",
+                 "--batch-size", "4", "--in-place-rounds", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "calibrating 2 threads on cpu" in text and "ms between actions" in text
+    assert "stage 1 4 samples checkpointed: forward" in text
+    assert "plans of balance [2, 2], [1, 3], [3, 1] cost what was measured" in text
+    cluster = Cluster.load(out)
+    # threads of one process, each on a core, with the overheads measured
+    assert {d.process for d in cluster.devices} == {"main"} and cluster.action_gap_s > 0
+    # every stage of each balance, plain and checkpointed, at both sizes
+    assert sorted({(x.first, x.stop) for x in cluster.in_place_costs}) == [
+        (0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)]
+    assert {(x.micro_batch, x.checkpointed) for x in cluster.in_place_costs} == {
+        (b, c) for b in (2, 4) for c in (False, True)}
+    assert all(x.fwd_s > 0 and x.bwd_s > 0 for x in cluster.in_place_costs)
+    # the simulator costs a measured balance's actions as measured, another's by the profile
+    row = next(x for x in cluster.in_place_costs
+               if (x.first, x.stop, x.micro_batch, x.checkpointed) == (0, 1, 2, False))
+    assert cluster.in_place_cost(0, 1, 2, False) == (row.fwd_s, row.bwd_s)
+    assert cluster.in_place_cost(1, 3, 2, False) is None  # no stage of a 2-stage balance
+    from pipesim.plan import Plan
+
+    plan = Plan([1, 3], 2, 4, checkpoint="never")
+    f0 = next(a for a in simulate(profile, plan, cluster).actions.itertuples()
+              if a.kind == "F" and a.stage == 0)  # (alone: the other thread waits for it)
+    assert f0.end - f0.start == pytest.approx(row.fwd_s, rel=1e-6)  # its overhead measured
+    # the tuner ranks its candidates by one ruler: all priced in place, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert main(["tune", str(prof), "--batch-size", "4", "--cluster", str(out),
+                     "--out", str(tmp_path / "tune")]) == 0
+    # a threads run's prediction defaults to the threads' preset, a processes run's to cpu
+    assert [default_cluster(t, d) for t, d in (("processes", "cpu"), ("threads", "cpu"),
+                                               ("threads", "cuda:1"))] == [
+        "cpu", "cpu-threads", "shared-gpu"]
 
 
 @pytest.mark.slow

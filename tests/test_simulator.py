@@ -1061,6 +1061,21 @@ def test_threads_of_one_process_take_turns_for_their_interpreter_share():
     assert metrics(simulate(half, plan, threads)).iteration_time_s == pytest.approx(free)
 
 
+def test_the_cpu_threads_preset_is_threads_of_one_process_on_cores_of_their_own():
+    threads = Cluster.cpu_threads(3, cores=2)
+    # one interpreter; a core each, the third thread taking turns on the first core
+    assert [(d.process, d.resource) for d in threads.devices] == [
+        ("main", "core0"), ("main", "core1"), ("main", "core0")]
+    assert [d.resource for d in Cluster.cpu_threads(3).devices] == ["core0", "core1", "core2"]
+    # it shares the interpreter as the hand-made cluster of threads does
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    held = _threads_of_one_process(uniform_profile(2, sizes=(1, 2)), (1.0, 0.0))
+    hand = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)],
+                   compute_overhead_s=Cluster.cpu_threads(2).compute_overhead_s)
+    assert metrics(simulate(held, plan, Cluster.cpu_threads(2))).iteration_time_s == \
+        pytest.approx(metrics(simulate(held, plan, hand)).iteration_time_s)
+
+
 def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_share():
     # F and B measured outside the interpreter, their checkpointed kind wholly under it:
     # only the checkpointed plan's threads take turns
