@@ -301,14 +301,17 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     the stage's own cache footprint, torch.utils.checkpoint entered once.  Seconds spent:
     about ``rounds * len(modes) * len(sizes) * len(balance) * phase_s`` plus start-up.
     """
-    out = []
-    for (first, stop, _), results in _alone(job, balance, sizes, modes, (HOT,), rounds,
-                                               phase_s, threads, pin_cores, "stage costs"):
-        for (mode, b, _), (fwd, bwd, between) in sorted(results.items()):
-            out.append({"first": first, "stop": stop, "micro_batch": int(b),
-                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd,
-                        "between_s": between})
-    return out
+    return _cost_rows(_alone(job, balance, sizes, modes, (HOT,), rounds, phase_s, threads,
+                             pin_cores, "stage costs"))
+
+
+def _cost_rows(stages: list[tuple[tuple[int, int, int], dict]]) -> list[dict]:
+    """:func:`stage_costs`' rows from :func:`_alone`'s results (each stage's hot steps)."""
+    return [{"first": first, "stop": stop, "micro_batch": int(b),
+             "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd,
+             "between_s": between}
+            for (first, stop, _), results in stages
+            for (mode, b, _), (fwd, bwd, between) in sorted(results.items())]
 
 
 class _Turns:
@@ -341,26 +344,8 @@ def device_stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[in
     it, so every schedule and chunk count with that balance uses it.  Seconds spent: about
     ``rounds * len(modes) * len(sizes) * len(balance) * phase_s`` plus three warm-up steps
     of each."""
-    unknown = sorted(set(modes) - {"never", "always"})
-    if unknown:
-        raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
-    # one model for every step (building a large one takes seconds each time): the
-    # stages of the in-process executor share it too
-    job = functools.cache(job)
-    _check_layout("stage costs", job, balance, sizes, rounds, phase_s)
-    threads = torch.get_num_threads()  # (the loop sets it: keep the caller's)
-    out, first = [], 0
-    for rank, layers in enumerate(balance):
-        collected = _Collected()
-        _costs_loop(rank, _Turns(), job, list(balance), list(sizes), list(modes), [HOT],
-                    rounds, phase_s, threads, 0.0, True, collected, device)
-        (_, results), = collected
-        for (mode, b, _), (fwd, bwd, between) in sorted(results.items()):
-            out.append({"first": first, "stop": first + layers, "micro_batch": int(b),
-                        "checkpointed": mode == "always", "fwd_s": fwd, "bwd_s": bwd,
-                        "between_s": between})
-        first += layers
-    return out
+    return _cost_rows(_alone(job, balance, sizes, modes, (HOT,), rounds, phase_s,
+                             torch.get_num_threads(), False, "stage costs", device=device))
 
 
 def checkpoint_extras(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
@@ -394,21 +379,35 @@ def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
 
 def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: Sequence[str],
            idles: Sequence[tuple[str, float]], rounds: int, phase_s: float, threads: int,
-           pin_cores: bool, what: str, settle_s: float = 0.0, at_once: bool = False
-           ) -> list[tuple[tuple[int, int, int], dict]]:
+           pin_cores: bool, what: str, settle_s: float = 0.0, at_once: bool = False,
+           device: str | None = None) -> list[tuple[tuple[int, int, int], dict]]:
     """:func:`_costs_loop` on every rank of ``balance``, each alone in turn (or all
     ``at_once``): per stage ``((first, stop, rank), {(mode, size, idle): (forward s,
-    backward s)})``."""
+    backward s)})``.  With a ``device``, the stages of the in-process executor (threads of
+    this process, every stage on that device): each stage's loop in this process, one
+    after the other (``pin_cores`` and ``at_once`` do not apply)."""
     unknown = sorted(set(modes) - {"never", "always"})
     if unknown:
         raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
     _check_layout(what, job, balance, sizes, rounds, phase_s)
     world = len(balance)
-    barrier = mp.get_context("spawn").Barrier(world)
-    results = dict(_gather(_costs_loop, world,
-                           (barrier, job, list(balance), list(sizes), list(modes),
-                            list(idles), rounds, phase_s, threads, settle_s, at_once),
-                           expected=world, pin_cores=pin_cores))
+    args = (list(balance), list(sizes), list(modes), list(idles), rounds, phase_s, threads,
+            settle_s)
+    if device is not None:
+        # one model for every step (building a large one takes seconds each time): the
+        # stages of the in-process executor share it too
+        job = functools.cache(job)
+        before = torch.get_num_threads()  # (the loop sets it: keep the caller's)
+        results = {}
+        for rank in range(world):
+            collected = _Collected()
+            _costs_loop(rank, _Turns(), job, *args, True, collected, device)
+            (_, results[rank]), = collected
+        torch.set_num_threads(before)
+    else:
+        barrier = mp.get_context("spawn").Barrier(world)
+        results = dict(_gather(_costs_loop, world, (barrier, job, *args, at_once),
+                               expected=world, pin_cores=pin_cores))
     out, first = [], 0
     for rank, layers in enumerate(balance):
         out.append(((first, first + layers, rank), results[rank]))
@@ -420,7 +419,7 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                idle_s: Sequence[float] = (0.0005, 0.002, 0.005, 0.02),
                kinds: Sequence[str] = ("F", "B"), modes: Sequence[str] = ("never", "always"),
                rounds: int = 15, threads: int = 1, pin_cores: bool = True,
-               at_once: bool = False) -> list[IdleCost]:
+               at_once: bool = False, device: str | None = None) -> list[IdleCost]:
     """What an action costs more when its rank has slept before it, measured in place.
 
     Each stage alone on its rank's cores (as :func:`stage_costs`), its step run with every
@@ -455,6 +454,12 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     action after 3-10 ms idle ran 1.2-1.3x its profile, after 10-30 ms 1.3-1.4x, and one
     with its input there at once 0.97-1.04x (GPT).  Not on a machine whose ranks share
     cores: there the ranks' steps would slow each other and the idles overlap.
+
+    ``device``: the stages of the in-process executor on that device instead (threads of
+    this process: each stage's steps in this process in turn, ``threads`` the caller's,
+    ``pin_cores`` and ``at_once`` not applying).  A worker thread blocked on its queue
+    sleeps as a rank does: on this project's VM a small MLP stage's forward at 2 samples
+    took 0.13 ms hot and 0.21-0.29 after 5 ms asleep (2026-11-26).
     """
     idles = sorted({float(d) for d in idle_s})
     if not idles or idles[0] <= 0:
@@ -466,7 +471,8 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     # phase_s 0: one step a phase, each idle of a round beside the hot step
     for (first, stop, rank), results in _alone(job, balance, sizes, modes, keys, rounds, 1e-9,
                                                threads, pin_cores, "idle costs",
-                                               settle_s=SETTLE_S, at_once=at_once):
+                                               settle_s=SETTLE_S, at_once=at_once,
+                                               device=device):
         for mode in modes:
             for kind in kinds:
                 if kind == "B" and rank == len(balance) - 1:

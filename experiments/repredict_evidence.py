@@ -127,6 +127,13 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
         (_with_autograd_nodes(_with_host_shares(_without_law(p))),
          dataclasses.replace(_threads(c), issue_ahead=True))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    # threads_node_order, and the executor's own seconds between a worker's actions
+    # holding the interpreter, in turn with the other threads' share of theirs
+    # (Cluster.gaps_hold_interpreter; nothing assumed: the gaps are the calibration's)
+    "threads_gaps": lambda p, c: (
+        (_with_autograd_nodes(_with_host_shares(_without_law(p))),
+         dataclasses.replace(_threads(c), gaps_hold_interpreter=True))
+        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
     # the workers as threads of one process, each pass slowed by the pass beside it as
     # the profile measured the pairs (profile(..., pairs=True); Cluster.thread_pairs, in
     # place of the interpreter's, engine's and device's turns); runs before 2026-11-27
@@ -142,7 +149,8 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
 IN_PLACE_VARIANTS = {"in_place_costs": "measured_streams",
                      "in_place_threads": "threads_engine",
                      "in_place_issue_ahead": "threads_issue_ahead",
-                     "in_place_pairs": "threads_pairs"}
+                     "in_place_pairs": "threads_pairs",
+                     "in_place_gaps": "threads_gaps"}
 
 
 def _with_hook_shares(profile: Profile) -> Profile:

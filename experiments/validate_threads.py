@@ -15,7 +15,10 @@ can be checked without a GPU:
    as threads of one process, and without (the ablation): median / max |error|.
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
-Writes experiments/results/validation_threads.csv/.json.
+    python experiments/validate_threads.py --repredict   # the saved run, today's model
+Writes experiments/results/validation_threads.csv/.json, and for ``--repredict`` the run's
+calibration (``calibration_threads.json``), profiles (``profile_threads_MODEL.csv``) and
+measured actions (``validation_threads_actions.csv.gz``).
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from executor.calibrate import calibrate_threads, overheads_text
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
-from experiments.common import machine, write_results
+from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
     in_passes,
     iterations_for,
     pass_noise,
     predict_and_measure,
+    predict_saved,
+    save_measured_actions,
     summarise,
 )
 from pipesim.balance import min_max_partition
@@ -65,14 +70,24 @@ def main() -> None:
                     help="runs of the whole grid, order reversed every other pass")
     ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
                     help="one pass more for a plan whose passes lie further apart (0: none)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="predict the saved run again with today's model, measuring nothing")
     args = ap.parse_args()
+    if args.repredict:
+        repredict()
+        return
     torch.set_num_threads(1)
+    # kept for --repredict: the run's calibration, each model's profile, every measured
+    # action (a model change re-predicts the same measurements)
+    actions_path = RESULTS / "validation_threads_actions.csv.gz"
+    actions_path.unlink(missing_ok=True)
     # as gpu_validate.py calibrates the GPU's threads (on a tiny 1F1B pipeline: its
     # overheads hold some of the interpreter's turns too, a little counted twice)
     cluster = calibrate_threads("cpu", 2)
     apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
                                                   for d in cluster.devices])
     print(overheads_text(cluster), flush=True)
+    cluster.save(RESULTS / "calibration_threads.json")
     tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
@@ -81,6 +96,7 @@ def main() -> None:
         prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
                        progress=False, interpreter=True, pairs=True, meta={"model": name})
         print(f"{name}: interpreter shares {prof.meta['interpreter_share']}", flush=True)
+        prof.save(RESULTS / f"profile_threads_{name}.csv")
         balance = min_max_partition(prof.layer_times(BATCH // 4), 2)
         plans = [Plan(balance, m, BATCH, checkpoint=ckpt, schedule=schedule)
                  for schedule in ("gpipe", "1f1b") for ckpt in ("never", "always")
@@ -113,10 +129,14 @@ def main() -> None:
         # (and each pass beside each other pass, as measured: Cluster.thread_pairs, in
         # place of the shares)
         variants = {"no_interpreter": (prof, apart),
+                    # the executor's gaps between actions holding nothing
+                    "gaps_free": (prof, dataclasses.replace(cluster,
+                                                            gaps_hold_interpreter=False)),
                     "no_ckpt_share": (no_ckpt_share, cluster),
                     "no_slowdown": (no_slowdown, cluster),
                     "pairs": (prof, dataclasses.replace(cluster, thread_pairs=True))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, variants)
+        save_measured_actions(actions_path, name, plans, traces)
         tables.append(table)
         measured_all += traces
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
@@ -131,7 +151,8 @@ def main() -> None:
     for name, what in (("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
                                          "no slowdown)"),
                        ("no_slowdown", "without the contended slowdown (plain turns)"),
-                       ("pairs", "with the passes' measured pairs in place of the shares")):
+                       ("pairs", "with the passes' measured pairs in place of the shares"),
+                       ("gaps_free", "with the executor's gaps holding no interpreter")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
@@ -146,6 +167,19 @@ def main() -> None:
     write_results("validation_threads", table, {**machine(), "summary": summary,
                                                 "cluster": cluster.to_dict(),
                                                 "models": MODELS, "torch": torch.__version__})
+
+
+def repredict() -> None:
+    """The saved run (``results/validation_threads.csv`` with its calibration and profiles)
+    predicted by today's model: ``results/validation_threads_repredicted.csv`` and each
+    model's median / max |error| beside the run's own."""
+    table = predict_saved(RESULTS, "threads")
+    table["error_now_pct"] = 100 * (table.predicted_ms_now / table.measured_ms - 1)
+    table.to_csv(RESULTS / "validation_threads_repredicted.csv", index=False)
+    for model, part in [*table.groupby("model"), ("all", table)]:
+        print(f"{model}: as run {part.error_pct.abs().median():.1f}% / "
+              f"{part.error_pct.abs().max():.1f}%, today "
+              f"{part.error_now_pct.abs().median():.1f}% / {part.error_now_pct.abs().max():.1f}%")
 
 
 if __name__ == "__main__":

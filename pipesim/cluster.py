@@ -325,6 +325,16 @@ class Cluster:
     #:
     #: False: the interpreter's and the engine's turns, by their measured shares
     thread_pairs: bool = False
+    #: workers that are threads of one process hold its interpreter for the executor's own
+    #: seconds between their actions (``action_gap_s``, the wake-up, a stage's measured
+    #: gap): Python -- handing the output over, posting receives, the recorder -- in turn
+    #: with the other threads' share of their actions, which it slows::
+    #:
+    #:     worker 0   |== F ==|gap|== F ==|          the gap holds the interpreter
+    #:     worker 1       |=== B ==..==|             B's share waits during it
+    #:
+    #: False: the gaps are the worker's own time, holding nothing
+    gaps_hold_interpreter: bool = False
     name: str = "cluster"
 
     def __post_init__(self) -> None:
@@ -509,11 +519,12 @@ class Cluster:
         """``n`` stage threads of one process on the CPU (the in-process executor): each
         computes on a core of its own -- of ``cores`` (0: as many as threads), taken in
         turn beyond them -- and all hold one interpreter, for the shares a profile measured
-        with ``interpreter=True``; no copies (rough overhead)."""
+        with ``interpreter=True`` and for the executor's Python between their actions
+        (``gaps_hold_interpreter``); no copies (rough overhead)."""
         cores = cores or n
         return cls([Device(f"t{i}", physical=f"core{i % cores}", memory_bytes=memory_bytes,
                            process="main") for i in range(n)],
-                   compute_overhead_s=30e-6, name="cpu_threads")
+                   compute_overhead_s=30e-6, gaps_hold_interpreter=True, name="cpu_threads")
 
     @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
@@ -578,6 +589,7 @@ class Cluster:
                        blocking_sends=bool(d.get("blocking_sends", False)),
                        issue_ahead=bool(d.get("issue_ahead", False)),
                        thread_pairs=bool(d.get("thread_pairs", False)),
+                       gaps_hold_interpreter=bool(d.get("gaps_hold_interpreter", False)),
                        name=d.get("name", "cluster"))
         except ClusterError as exc:
             raise ClusterError(f"{source}: {exc}") from None

@@ -292,6 +292,8 @@ class _Run:
             progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
+        gap_interpreter = (interpreter if sim.cluster.gaps_hold_interpreter and pairs is None
+                           else None)
         priority = sim.engine_priority[w]
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
@@ -356,7 +358,10 @@ class _Run:
             else:
                 pause = wakeup
             if pause > 0:
-                yield timeout(pause)
+                # (the executor's Python between actions, in turn with the other threads':
+                # Cluster.gaps_hold_interpreter)
+                yield (gap_interpreter.run(pause) if gap_interpreter is not None
+                       else timeout(pause))
             if resource is not None:
                 req = resource.request()
                 yield req

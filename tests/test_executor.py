@@ -752,6 +752,13 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
                           pin_cores=False, at_once=True)
     assert sorted((r.first, r.kind) for r in together) == [(0, "B"), (0, "F"), (1, "F")]
     assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in together)
+    # the in-process executor's stages (threads): each stage in this process in turn
+    threads = torch.get_num_threads()
+    in_process = idle_costs(job, [1, 3], [2], idle_s=(0.001,), modes=("never",), rounds=1,
+                            device="cpu")
+    assert sorted((r.first, r.kind) for r in in_process) == [(0, "B"), (0, "F"), (1, "F")]
+    assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in in_process)
+    assert torch.get_num_threads() == threads  # the caller's, kept
     # the sleep falls before the action, outside it: between F and B, or before F
     for rank, kind in ((0, "B"), (0, "F"), (1, "F")):
         step = _stage_step(job, [1, 3], rank, 2, idle=(kind, 0.05))

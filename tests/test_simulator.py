@@ -1076,6 +1076,38 @@ def test_the_cpu_threads_preset_is_threads_of_one_process_on_cores_of_their_own(
         pytest.approx(metrics(simulate(held, plan, hand)).iteration_time_s)
 
 
+def test_the_executors_gaps_hold_the_interpreter_where_the_cluster_says_so(tmp_path):
+    # two stages as threads of one process, 4 micro-batches of 1 sample, forwards wholly
+    # under the interpreter; the executor spends G seconds before each action (its Python:
+    # handing over the output, posting receives; a woken thread's too)
+    G = 0.25
+    plan = Plan([1, 1], 4, 4, checkpoint="never")
+    devices = [Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)]
+    held = _threads_of_one_process(uniform_profile(2, sizes=(1, 2)), (1.0, 0.0))
+    free = Cluster(devices, action_gap_s=G)
+    hold = dataclasses.replace(free, gaps_hold_interpreter=True)
+
+    def forwards(cluster):
+        return simulate(held, plan, cluster).actions.query("kind == 'F'").set_index(
+            ["stage", "microbatch"])
+
+    # F(0, 0) ends at G + F; then stage 0's gap before F(0, 1) and stage 1's wake-up
+    # before F(1, 0) run at once: on their own, G each; holding the interpreter, in turn
+    for cluster, gap in ((free, G), (hold, 2 * G)):
+        f = forwards(cluster)
+        assert f.loc[(0, 0), "end"] == pytest.approx(G + F)
+        assert f.loc[(0, 1), "start"] - f.loc[(0, 0), "end"] == pytest.approx(gap)
+        assert f.loc[(1, 0), "start"] - f.loc[(0, 0), "end"] == pytest.approx(gap)
+    assert metrics(simulate(held, plan, hold)).iteration_time_s > \
+        metrics(simulate(held, plan, free)).iteration_time_s
+    # separate processes hold no common interpreter: the flag changes nothing
+    apart = [dataclasses.replace(d, process="") for d in devices]
+    assert metrics(simulate(held, plan, dataclasses.replace(hold, devices=apart))
+                   ).iteration_time_s == pytest.approx(
+        metrics(simulate(held, plan, dataclasses.replace(free, devices=apart))).iteration_time_s)
+    assert Cluster.load(hold.save(tmp_path / "c.json")).gaps_hold_interpreter
+
+
 def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_share():
     # F and B measured outside the interpreter, their checkpointed kind wholly under it:
     # only the checkpointed plan's threads take turns
