@@ -178,6 +178,21 @@ def default_cluster(transport: str, device: str) -> str:
     return "cpu-threads" if device.split(":")[0] == "cpu" else "shared-gpu"
 
 
+def threads_profile_warning(profile, path: str, device: str, stages: int) -> str | None:
+    """What a profile at ``path`` lacks for predicting ``stages`` stage threads on
+    ``device`` (None: nothing): on the CPU the interpreter's shares (``--interpreter``),
+    on a GPU the device's measured concurrency law (``--streams``)."""
+    if device.split(":")[0] == "cpu":
+        if profile.interpreter_share(profile.micro_batch_sizes[0]) is None:
+            return (f"{path} has no interpreter shares: stage threads on the CPU are predicted "
+                    "as if they did not share the interpreter (profile with --interpreter)")
+    elif len(profile.stream_speedup(profile.micro_batch_sizes[0]) or ()) < stages:
+        return (f"{path} has no measured concurrency law for {stages} streams: stages sharing "
+                "the GPU are predicted by the law its size scaling implies (profile with "
+                f"--streams {stages})")
+    return None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import functools
 
@@ -223,6 +238,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if profile is not None:
         # before running: a plan outside the profile's sizes is refused now, not after the run
         PlanCosts(profile, plan)
+        lacking = (threads_profile_warning(profile, args.profile, args.device, plan.n_devices)
+                   if args.transport == "threads" else None)
+        if lacking:
+            print(f"pipesim: warning: {lacking}", file=sys.stderr)
         threads = profile.meta.get("threads")
         if threads is not None and int(threads) != args.threads:
             print(f"pipesim: warning: {args.profile} was measured with {threads} torch threads, "
@@ -402,6 +421,9 @@ def _calibrate_threads(args: argparse.Namespace):
     if inputs is None:
         return cluster
     profile, balances, job, sizes = inputs
+    lacking = threads_profile_warning(profile, args.stage_costs, args.device, args.stages)
+    if lacking:
+        print(f"pipesim: warning: {lacking}", file=sys.stderr)
     rows: list[dict] = []
     for balance in balances:
         print(f"each stage of balance {list(balance)} in place at {sizes} samples ...",

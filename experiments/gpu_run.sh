@@ -9,6 +9,9 @@
 #   bash experiments/gpu_run.sh bench           # in-process executor vs the unpipelined model
 #   bash experiments/gpu_run.sh threads         # two stage threads: F and B alone vs overlapped
 #   bash experiments/gpu_run.sh crossing        # two pinned ranks sending to each other at once
+#   bash experiments/gpu_run.sh console         # the console's GPU path end to end (about
+#       a minute): profile --streams 2, calibrate --transport threads with each stage of
+#       [5,5] in place, run one plan against its prediction (results/gpu/console/)
 #   bash experiments/gpu_run.sh switch [--model gpt]  # the 2-sample plans under GIL switch
 #       intervals 0.5 / 5 / 50 ms (experiments/switch_interval.py: is their loss the
 #       interpreter's hand-over? about a minute a model)
@@ -78,6 +81,16 @@ run() {
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
         switch) python3 experiments/switch_interval.py --device cuda:0 "$@" ;;
+        console) gpt=(--model gpt --set vocab=8192 --set d_model=1024 --set n_layers=8
+                      --set n_heads=16 --set seq_len=256)
+                 c="$RESULTS/console"
+                 python3 -m executor.cli profile "${gpt[@]}" --device cuda --sizes 2,4,8,16,32 \
+                     --streams 2 --out "$c/profile.csv" &&
+                 python3 -m executor.cli calibrate --transport threads --device cuda "${gpt[@]}" \
+                     --stage-costs "$c/profile.csv" --balance 5,5 --out "$c/cluster.json" &&
+                 python3 -m executor.cli run --transport threads --device cuda "${gpt[@]}" \
+                     --balance 5,5 --chunks 16 --checkpoint always --schedule 1f1b \
+                     --profile "$c/profile.csv" --cluster "$c/cluster.json" --out "$c/run" "$@" ;;
         # (idle costs measured on every rank at once: one rank at a time they would take
         # 4-8x; without them, 2026-11-26, the 4-rank grid read 8.1% / 32.5%, all under, its
         # actions after 3-30 ms idle 1.2-1.4x their profile)
@@ -85,7 +98,7 @@ run() {
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
                        --idle-at-once "$@"
                done ;;
-        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing, switch or cpu16)" >&2; return 2 ;;
+        *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing, switch, console or cpu16)" >&2; return 2 ;;
     esac
 }
 # The work runs in the background and this shell waits for it, so that a `timeout` (TERM)

@@ -262,6 +262,10 @@ def main() -> None:
                      "threads_no_hooks": (Profile(prof.table, no_hooks), threads),
                      "threads_issue_ahead": (Profile(prof.table, scaling),
                                              dataclasses.replace(threads, issue_ahead=True)),
+                     # (and the executor's gaps between actions holding the interpreter:
+                     # Cluster.gaps_hold_interpreter, on for CPU threads, a what-if here)
+                     "threads_gaps": (Profile(prof.table, scaling),
+                                      dataclasses.replace(threads, gaps_hold_interpreter=True)),
                      # each pass slowed by the pass beside it, as the profile measured the
                      # pairs (in place of the interpreter's, engine's and device's turns:
                      # Cluster.thread_pairs)

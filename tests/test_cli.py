@@ -136,8 +136,11 @@ def test_run_with_profile_compares(tmp_path, capsys):
     assert main(["run", *small, "--balance", "2,2", "--chunks", "4", "--batch-size", "8",
                  "--iterations", "2", "--warmup", "1", "--profile", str(prof_out),
                  "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
     assert "measured  iteration" in text and "compare   iteration" in text
+    # stage threads on the CPU, a profile without the interpreter's shares: said, not hidden
+    assert "has no interpreter shares" in captured.err and "--interpreter" in captured.err
     assert (out / "compare.png").exists() and (out / "measured_actions.csv").exists()
     assert (out / "compare_memory.png").exists()  # predicted by category, measured total
     assert (out / "simulated_memory_by_category.csv").exists()
@@ -211,7 +214,9 @@ def test_calibrate_threads_measures_each_stage_of_each_balance_in_place(tmp_path
     assert main(["calibrate", "--transport", "threads", *small, "--stage-costs", str(prof),
                  "--balance", "tuned", "--balance", "1,3",
                  "--batch-size", "4", "--in-place-rounds", "1", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "warning" not in captured.err  # the profile has what stage threads need
     assert "calibrating 2 threads on cpu" in text and "ms between actions" in text
     assert "stage 1 4 samples checkpointed: forward" in text
     assert "plans of balance [2, 2], [1, 3], [3, 1] cost what was measured" in text
