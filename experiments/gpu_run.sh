@@ -18,8 +18,9 @@
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
 # fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next, in one call,
-# `switch --model gpt; switch --model mlp` (two minutes: does the interpreter's hand-over
-# make the 2-sample plans' loss? experiments/README.md, "Measured on an H200"), then
+# `switch --model gpt; switch --model mlp; console` (three minutes: does the interpreter's
+# hand-over make the 2-sample plans' loss? experiments/README.md, "Measured on an H200";
+# and the console's GPU path, untried on a GPU, 2026-11-26), then
 # gpu --models gpt into a folder of its own (its profiles time the pairs), re-predicted
 # afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16,
 # then threads with tests):
