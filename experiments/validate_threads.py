@@ -134,7 +134,9 @@ def main() -> None:
                                                             gaps_hold_interpreter=False)),
                     "no_ckpt_share": (no_ckpt_share, cluster),
                     "no_slowdown": (no_slowdown, cluster),
-                    "pairs": (prof, dataclasses.replace(cluster, thread_pairs=True))}
+                    "pairs": (prof, dataclasses.replace(cluster, thread_pairs=True)),
+                    "pairs_gaps_free": (prof, dataclasses.replace(
+                        cluster, thread_pairs=True, gaps_hold_interpreter=False))}
         table, traces = predict_and_measure(prof, plans, cluster, measure, name, variants)
         save_measured_actions(actions_path, name, plans, traces)
         tables.append(table)
@@ -152,7 +154,8 @@ def main() -> None:
                                          "no slowdown)"),
                        ("no_slowdown", "without the contended slowdown (plain turns)"),
                        ("pairs", "with the passes' measured pairs in place of the shares"),
-                       ("gaps_free", "with the executor's gaps holding no interpreter")):
+                       ("gaps_free", "with the executor's gaps holding no interpreter"),
+                       ("pairs_gaps_free", "with the pairs, the gaps holding nothing")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]

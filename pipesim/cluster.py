@@ -333,6 +333,8 @@ class Cluster:
     #:     worker 0   |== F ==|gap|== F ==|          the gap holds the interpreter
     #:     worker 1       |=== B ==..==|             B's share waits during it
     #:
+    #: Where the threads share by measured pairs (``thread_pairs``), a gap is taken as a
+    #: forward: slowed, and slowing the pass beside it, by the forward's pairs.
     #: False: the gaps are the worker's own time, holding nothing
     gaps_hold_interpreter: bool = False
     name: str = "cluster"

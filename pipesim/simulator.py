@@ -294,6 +294,7 @@ class _Run:
         engine = self.engines.get(sim.cluster.devices[w].engine)
         gap_interpreter = (interpreter if sim.cluster.gaps_hold_interpreter and pairs is None
                            else None)
+        gaps_paired = sim.cluster.gaps_hold_interpreter
         priority = sim.engine_priority[w]
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
@@ -361,7 +362,8 @@ class _Run:
                 # (the executor's Python between actions, in turn with the other threads':
                 # Cluster.gaps_hold_interpreter)
                 yield (gap_interpreter.run(pause) if gap_interpreter is not None
-                       else timeout(pause))
+                       else pairs.run_pass(pause, "F", step.gap_pair_row)
+                       if pairs is not None and gaps_paired else timeout(pause))
             if resource is not None:
                 req = resource.request()
                 yield req
@@ -650,7 +652,8 @@ class Simulator:
         ratios = self.profile.pair_slowdown(self.plan.micro_batch_sizes[mb])
         assert ratios is not None  # checked in _compile
         return step._replace(pair_kind=kind,
-                             pair_row=tuple(ratios[f"{kind}|{y}"] for y in PAIR_KINDS))
+                             pair_row=tuple(ratios[f"{kind}|{y}"] for y in PAIR_KINDS),
+                             gap_pair_row=tuple(ratios[f"F|{y}"] for y in PAIR_KINDS))
 
     def run(self, iterations: int = 1) -> Trace:
         rng = np.random.default_rng(self.jitter.seed) if self.jitter else None

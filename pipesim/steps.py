@@ -86,6 +86,11 @@ class Step(NamedTuple):
     #: its worker shares its process by pairs (:attr:`pipesim.cluster.Cluster.thread_pairs`)
     pair_kind: str = ""
     pair_row: tuple[float, ...] = ()
+    #: the slowdowns of its worker's gap before it (the executor's Python, taken as a
+    #: forward's) beside each pass, where the gaps hold the interpreter
+    #: (:attr:`pipesim.cluster.Cluster.gaps_hold_interpreter`) and the worker shares its
+    #: process by pairs
+    gap_pair_row: tuple[float, ...] = ()
 
 
 #: what memory is for (the categories of Trace.memory_by_category): parameters and optimizer

@@ -1106,6 +1106,13 @@ def test_the_executors_gaps_hold_the_interpreter_where_the_cluster_says_so(tmp_p
                    ).iteration_time_s == pytest.approx(
         metrics(simulate(held, plan, dataclasses.replace(free, devices=apart))).iteration_time_s)
     assert Cluster.load(hold.save(tmp_path / "c.json")).gaps_hold_interpreter
+    # threads sharing by measured pairs: a gap is Python, slowed and slowing as a forward
+    # (a forward beside a forward twice as slow: the two gaps at once take 2 G, as above)
+    for ratio, gap in ((1.0, G), (2.0, 2 * G)):
+        paired = _paired(held, {"F|F": ratio})
+        f = simulate(paired, plan, dataclasses.replace(hold, thread_pairs=True)).actions.query(
+            "kind == 'F'").set_index(["stage", "microbatch"])
+        assert f.loc[(0, 1), "start"] - f.loc[(0, 0), "end"] == pytest.approx(gap)
 
 
 def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_share():
