@@ -521,12 +521,11 @@ class Cluster:
         """``n`` stage threads of one process on the CPU (the in-process executor): each
         computes on a core of its own -- of ``cores`` (0: as many as threads), taken in
         turn beyond them -- and all hold one interpreter, for the shares a profile measured
-        with ``interpreter=True`` and for the executor's Python between their actions
-        (``gaps_hold_interpreter``); no copies (rough overhead)."""
+        with ``interpreter=True``; no copies (rough overhead)."""
         cores = cores or n
         return cls([Device(f"t{i}", physical=f"core{i % cores}", memory_bytes=memory_bytes,
                            process="main") for i in range(n)],
-                   compute_overhead_s=30e-6, gaps_hold_interpreter=True, name="cpu_threads")
+                   compute_overhead_s=30e-6, name="cpu_threads")
 
     @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:
