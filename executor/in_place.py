@@ -389,14 +389,15 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
     unknown = sorted(set(modes) - {"never", "always"})
     if unknown:
         raise ValueError(f"checkpoint modes must be 'never' or 'always', got {unknown}")
+    if device is not None:
+        # one model for every step (building a large one takes seconds each time): the
+        # stages of the in-process executor share it too
+        job = functools.cache(job)
     _check_layout(what, job, balance, sizes, rounds, phase_s)
     world = len(balance)
     args = (list(balance), list(sizes), list(modes), list(idles), rounds, phase_s, threads,
             settle_s)
     if device is not None:
-        # one model for every step (building a large one takes seconds each time): the
-        # stages of the in-process executor share it too
-        job = functools.cache(job)
         before = torch.get_num_threads()  # (the loop sets it: keep the caller's)
         results = {}
         for rank in range(world):
@@ -456,8 +457,9 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     cores: there the ranks' steps would slow each other and the idles overlap.
 
     ``device``: the stages of the in-process executor on that device instead (threads of
-    this process: each stage's steps in this process in turn, ``threads`` the caller's,
-    ``pin_cores`` and ``at_once`` not applying).  A worker thread blocked on its queue
+    this process: each stage's steps in this process in turn with ``threads`` torch
+    threads, the caller's setting restored after; ``pin_cores`` and ``at_once`` not
+    applying).  A worker thread blocked on its queue
     sleeps as a rank does: on this project's VM a small MLP stage's forward at 2 samples
     took 0.13 ms hot and 0.21-0.29 after 5 ms asleep (2026-11-26).
     """

@@ -110,3 +110,16 @@ def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
         warnings.simplefilter("error")
         assert tuned(Cluster(two, in_place_costs=every)).table["in_place"].all()
         assert "in_place" not in tuned(Cluster(two)).table
+
+
+def test_tuned_balances_are_every_balance_the_tuner_tries_one_stage_a_device():
+    from pipesim.tune import tuned_balances
+
+    prof = _uneven([1.0, 3.0, 1.0, 2.0, 1.0, 1.0])
+    for stages in (2, 3):
+        balances = tuned_balances(prof, stages, 16)
+        tried = tune(prof, stages, 16, 1e12, schedules=("gpipe", "1f1b", "zb-h1")).table
+        assert sorted(map(tuple, balances)) == sorted(
+            {tuple(map(int, b.split(","))) for b in tried.balance})
+        assert len(balances) == len({tuple(b) for b in balances})  # each once
+        assert all(len(b) == stages and sum(b) == prof.n_layers for b in balances)
