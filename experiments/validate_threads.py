@@ -49,6 +49,7 @@ from experiments.validation import (
     summarise,
 )
 from pipesim.balance import min_max_partition
+from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 
@@ -177,7 +178,11 @@ def repredict() -> None:
     """The saved run (``results/validation_threads.csv`` with its calibration and profiles)
     predicted by today's model: ``results/validation_threads_repredicted.csv`` and each
     model's median / max |error| beside the run's own."""
-    table = predict_saved(RESULTS, "threads")
+    # (the run's measurements with today's model: a choice the saved cluster carries,
+    # whether the gaps hold the interpreter, is today's default's)
+    today = Cluster.cpu_threads(2)
+    table = predict_saved(RESULTS, "threads",
+                          cluster_fields={"gaps_hold_interpreter": today.gaps_hold_interpreter})
     table["error_now_pct"] = 100 * (table.predicted_ms_now / table.measured_ms - 1)
     table.to_csv(RESULTS / "validation_threads_repredicted.csv", index=False)
     for model, part in [*table.groupby("model"), ("all", table)]:
