@@ -12,8 +12,9 @@ import json
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipesim.cli import (
     UserError,
@@ -23,6 +24,10 @@ from pipesim.cli import (
     positive_int,
     run,
 )
+
+if TYPE_CHECKING:
+    from pipesim.cluster import Cluster
+    from pipesim.profile import Profile
 
 
 def torch_dtype(name: str):
@@ -178,7 +183,8 @@ def default_cluster(transport: str, device: str) -> str:
     return "cpu-threads" if device.split(":")[0] == "cpu" else "shared-gpu"
 
 
-def threads_profile_warning(profile, path: str, device: str, stages: int) -> str | None:
+def threads_profile_warning(profile: Profile, path: str, device: str, stages: int
+                            ) -> str | None:
     """What a profile at ``path`` lacks for predicting ``stages`` stage threads on
     ``device`` (None: nothing): on the CPU the interpreter's shares (``--interpreter``),
     on a GPU the device's measured concurrency law (``--streams``)."""
@@ -313,7 +319,8 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_run)
 
 
-def _in_place_inputs(args: argparse.Namespace, path: str, flag: str):
+def _in_place_inputs(args: argparse.Namespace, path: str, flag: str
+                     ) -> tuple[Profile, list[list[int]], Callable, list[int]]:
     """What a measurement in place reads, checked before its minutes start: the profile at
     ``path`` (given as ``flag``), the balances (``--balance``, repeatable; default the
     profile's time-balanced one), the built-in job and the profile's micro-batch sizes
@@ -401,7 +408,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _calibrate_threads(args: argparse.Namespace):
+def _calibrate_threads(args: argparse.Namespace) -> Cluster:
     """The in-process executor's cluster on ``--device`` (:func:`executor.calibrate.
     calibrate_threads`) and, with ``--stage-costs PROFILE``, each stage of each
     ``--balance`` measured in place there, plain and checkpointed at the profile's sizes
@@ -445,7 +452,7 @@ def _calibrate_threads(args: argparse.Namespace):
     return dataclasses.replace(cluster, in_place_costs=in_place_costs_of(rows))
 
 
-def _calibrate_processes(args: argparse.Namespace):
+def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     """Links, the executor's overheads and the host contention of ``--stages`` CPU
     processes and, with ``--idle-costs PROFILE``, what a wait costs each stage of one
     balance (:func:`executor.in_place.idle_costs`), read against that profile, what
