@@ -263,7 +263,7 @@ def main() -> None:
                      "threads_issue_ahead": (Profile(prof.table, scaling),
                                              dataclasses.replace(threads, issue_ahead=True)),
                      # (and the executor's gaps between actions holding the interpreter:
-                     # Cluster.gaps_hold_interpreter, on for CPU threads, a what-if here)
+                     # Cluster.gaps_hold_interpreter, opt-in: a what-if here)
                      "threads_gaps": (Profile(prof.table, scaling),
                                       dataclasses.replace(threads, gaps_hold_interpreter=True)),
                      # each pass slowed by the pass beside it, as the profile measured the

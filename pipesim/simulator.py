@@ -292,9 +292,14 @@ class _Run:
             progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
-        gap_interpreter = (interpreter if sim.cluster.gaps_hold_interpreter and pairs is None
-                           else None)
-        gaps_paired = sim.cluster.gaps_hold_interpreter
+        # where the executor's gaps between actions hold the interpreter
+        # (Cluster.gaps_hold_interpreter): by the pairs as a forward, else in turn on it
+        hold_gap: Callable[[float, Step], simpy.Event] | None = None
+        if sim.cluster.gaps_hold_interpreter:
+            if pairs is not None:
+                hold_gap = lambda pause, s: pairs.run_pass(pause, "F", s.gap_pair_row)  # noqa: E731
+            elif interpreter is not None:
+                hold_gap = lambda pause, _s: interpreter.run(pause)  # noqa: E731
         priority = sim.engine_priority[w]
         jitter = sim.jitter if self.rng is not None else None
         rng = self.rng
@@ -359,11 +364,7 @@ class _Run:
             else:
                 pause = wakeup
             if pause > 0:
-                # (the executor's Python between actions, in turn with the other threads':
-                # Cluster.gaps_hold_interpreter)
-                yield (gap_interpreter.run(pause) if gap_interpreter is not None
-                       else pairs.run_pass(pause, "F", step.gap_pair_row)
-                       if pairs is not None and gaps_paired else timeout(pause))
+                yield timeout(pause) if hold_gap is None else hold_gap(pause, step)
             if resource is not None:
                 req = resource.request()
                 yield req
