@@ -460,7 +460,14 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     checkpoint_extras`) and its own executor seconds between actions
     (:class:`pipesim.cluster.ExecutorGap`)."""
     from executor.calibrate import calibrate_cpu, calibration_executor_gap, overheads_text
-    from executor.in_place import checkpoint_extras_of, executor_gaps_of, idle_costs, stage_costs
+    from executor.in_place import (
+        IDLE_SIZES,
+        checkpoint_extras_of,
+        executor_gaps_of,
+        idle_costs,
+        spread_sizes,
+        stage_costs,
+    )
     from pipesim.costs import with_profile_seconds
 
     inputs = (_in_place_inputs(args, args.idle_costs, "--idle-costs")
@@ -473,7 +480,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     if inputs is None:
         return cluster
     profile, (balance,), job, sizes = inputs
-    print(f"idle costs of balance {list(balance)} at {sizes} samples "
+    print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} samples "
           f"({'every rank at once' if args.idle_at_once else 'one rank at a time'}) ...",
           flush=True)
     rows = idle_costs(job, balance, sizes, rounds=args.idle_rounds, threads=args.threads,

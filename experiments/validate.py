@@ -86,7 +86,8 @@ BATCH = 32
 #: steps per phase of the sustained host-contention ablation (see host_contention)
 SUSTAINED_STEPS = 200
 #: rounds of the idle costs measured in place per balance (``--idle-costs``, the default)
-#: (``executor.in_place.idle_costs``: 2-3 minutes a balance of GPT or U-Net, 1 of MLP)
+#: (``executor.in_place.idle_costs`` at 3 of the sizes after 3 idles, its default since
+#: 2026-11-26: 1-1.5 minutes a balance of GPT or U-Net, half a minute of MLP)
 IDLE_ROUNDS = 10
 #: seconds of iterations a plan is measured at least, each pass: on this 2-core VM one
 #: iteration of a short plan (MLP, ~10 ms) varies by 8% (CV) against 2-3% for GPT and U-Net
@@ -125,7 +126,7 @@ def main() -> None:
     # 9.8% (five pooled 5.9% / 26.6% -> 4.9% / 20.4%)
     ap.add_argument("--idle-costs", action=argparse.BooleanOptionalAction, default=True,
                     help="measure each balance's idle costs in place and predict with them "
-                    "(default; about 11 more minutes; the ablation no_idle_costs predicts "
+                    "(default; about 5 more minutes; the ablation no_idle_costs predicts "
                     "without; --no-idle-costs neither measures nor uses them)")
     # (the 16-core H200 host's 4-rank grid, 2026-11-26, without them: actions after 3-30 ms
     # idle ran 1.2-1.4x their profile, hot ones 0.97-1.04x; its error was all under)

@@ -767,12 +767,28 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
         seconds = step()
         assert time.perf_counter() - t0 >= 0.05
         assert seconds["F"] < 0.05 and seconds["B"] < 0.05
+    # by default three of the sizes, spread over them in log2 (the curve reads between)
+    spread = idle_costs(job, [1, 3], [1, 2, 4, 8], idle_s=(0.001,), modes=("never",),
+                        rounds=1, pin_cores=False, kinds=("F",))
+    assert sorted({r.micro_batch for r in spread}) == [1, 2, 8]
     with pytest.raises(ValueError, match="idle_s must hold positive seconds"):
         idle_costs(job, [1, 3], [2], idle_s=(0.0,))
     with pytest.raises(ValueError, match="kinds must be 'F' and/or 'B'"):
         idle_costs(job, [1, 3], [2], kinds=("W",))
     with pytest.raises(ValueError, match="at least 2 stages"):
         idle_costs(job, [4], [2])
+
+
+def test_spread_sizes_keep_the_ends_and_the_nearest_to_even_steps_in_log2():
+    from executor.in_place import spread_sizes
+
+    assert spread_sizes([2, 4, 8, 16, 32], 3) == [2, 8, 32]
+    assert spread_sizes([32, 2, 8, 4, 16, 2], 2) == [2, 32]
+    assert spread_sizes([2, 4, 8, 16], 3) == [2, 4, 16]  # 4 and 8 tie at sqrt(32): the first
+    assert spread_sizes([4, 8], 3) == [4, 8]  # no more than asked: all
+    assert spread_sizes([2, 4, 8], 1) == [4]
+    with pytest.raises(ValueError, match="count must be at least 1"):
+        spread_sizes([2, 4], 0)
 
 
 def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():
