@@ -30,8 +30,9 @@
 #           4-rank mlp grid on the 2-core VM) (2026-11-26 without idle costs: both
 #           models' 4-rank grid in 7 minutes on the H200 host, 8.1% / 32.5%; with idle
 #           costs at once, mlp alone was still in its after-grid readings at 345 s and
-#           was cut: h200-2026-11-26/README.md), then CPU16_STAGES=8 (its mlp quick grid
-#           alone took 4 minutes);
+#           was cut: h200-2026-11-26/README.md; since then the idle costs take about half
+#           the steps, 3 sizes after 3 idles), then CPU16_STAGES=8 (its mlp quick grid
+#           alone took 4 minutes without idle costs);
 #   gpu --stages 2 --dtypes float32 --no-stage-memory --out experiments/results/gpu/NEW-FOLDER
 #           under `timeout 560` (its profiles now also time each pass beside each other
 #           pass, 16 pairs a size, for the variant threads_pairs: some 30-60 s a model
