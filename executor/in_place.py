@@ -477,7 +477,7 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     5-10 minutes for the CPU grid's six layouts by default.
 
     ``size_points``: measure only that many of ``sizes``, spread over them
-    (:func:`spread_sizes`; None: all); :meth:`pipesim.cluster.Cluster.idle_curve` reads
+    (:func:`spread_sizes`; None: all); :meth:`pipesim.cluster.Cluster.idle_cost` reads
     the others between them, linear in log2 size.  By default 3 sizes and 3 idles, about
     half the steps of all five sizes and four idles (0.5, 2, 5, 20 ms): on the 27 committed
     CPU grids that measured all, predicted again from the readings kept, each run's median

@@ -8,7 +8,7 @@ keeps its size's own medians (``after_idle_s``, ``hot_s``), so a committed run c
 predicted again as if it had measured only some sizes and idles: ``seconds`` recomputed as
 the median over the kept sizes of ``after_idle_s - hot_s`` (what ``idle_costs`` computes),
 the profile's offset read between the kept sizes (linear in log2 size, as
-:meth:`pipesim.cluster.Cluster.idle_curve` reads any missing size)::
+:meth:`pipesim.cluster.Cluster.idle_cost` reads any missing size)::
 
     all        sizes 2 4 8 16 32   idles 0.5 2 5 20 ms     cost 1
     a subset   sizes 2       32    idles 0.5   5 20 ms     cost 2/5 * 7/9
