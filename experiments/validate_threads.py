@@ -11,8 +11,10 @@ can be checked without a GPU:
    ``Cluster.thread_pairs``, predicts with those instead);
 2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
-   ``executor.pipeline.Pipeline`` (threads, one core each) and predict it with the workers
-   as threads of one process, and without (the ablation): median / max |error|.
+   ``executor.pipeline.Pipeline`` (threads, one core each), read the overheads again, and
+   predict it with the mean of the readings before and after it (``unbracketed``: the one
+   before alone), the workers as threads of one process, and without (the ablation):
+   median / max |error|.
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
     python experiments/validate_threads.py --repredict   # the saved run, today's model
@@ -34,17 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
-from executor.calibrate import calibrate_threads, overheads_text
+from executor.calibrate import calibrate_threads, measure_thread_overhead, overheads_text
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
 from experiments.common import RESULTS, machine, write_results
 from experiments.validation import (
+    bracketed,
     in_passes,
     iterations_for,
     pass_noise,
-    predict_and_measure,
     predict_saved,
+    predicted_against,
     save_measured_actions,
     summarise,
 )
@@ -85,10 +88,15 @@ def main() -> None:
     # as gpu_validate.py calibrates the GPU's threads (on a tiny 1F1B pipeline: its
     # overheads hold some of the interpreter's turns too, a little counted twice)
     cluster = calibrate_threads("cpu", 2)
-    apart = dataclasses.replace(cluster, devices=[dataclasses.replace(d, process="")
-                                                  for d in cluster.devices])
     print(overheads_text(cluster), flush=True)
     cluster.save(RESULTS / "calibration_threads.json")
+    # the overheads read again after each model's grid, each model predicted with the
+    # mean of the readings before and after it, as validate.py brackets the processes'
+    # (one reading, a median of three, ranged 0.017-0.190 ms an action over three runs
+    # and 0.023-0.276 within ten minutes, 2026-11-26): (action gap, wake-up gap, all) and
+    # the in-action overhead, seconds, in validate.py's layout (predict_saved reads them)
+    gaps: list[tuple] = [(cluster.action_gap_s, cluster.wakeup_gap_s, None)]
+    in_action = [cluster.compute_overhead_s]
     tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
@@ -120,6 +128,16 @@ def main() -> None:
             return traces
 
         measure = in_passes(measure_once, args.passes, args.tie_break or None)
+        measured = measure(plans)
+        again = measure_thread_overhead("cpu", 2)
+        gaps.append((again["between_actions_s"], again["wakeup_s"],
+                     again["between_actions_all_s"]))
+        in_action.append(again["in_action_s"])
+        model_cluster = bracketed(cluster, [cluster.host_contention], gaps[-2:], in_action[-2:])
+        print(f"{name}: {overheads_text(model_cluster)} (readings before and after its "
+              "grid, the mean)", flush=True)
+        apart = dataclasses.replace(model_cluster, devices=[
+            dataclasses.replace(d, process="") for d in model_cluster.devices])
 
         # mechanisms out: the interpreter; the checkpointed shares and all slowdowns; the slowdowns
         plain = {b: {k: g for k, g in v.items() if k in ("F", "B")}
@@ -132,17 +150,20 @@ def main() -> None:
         variants = {"no_interpreter": (prof, apart),
                     # the executor's gaps between actions holding the interpreter
                     # (Cluster.gaps_hold_interpreter: three runs pooled, not better)
-                    "gaps_held": (prof, dataclasses.replace(cluster,
+                    "gaps_held": (prof, dataclasses.replace(model_cluster,
                                                             gaps_hold_interpreter=True)),
-                    "no_ckpt_share": (no_ckpt_share, cluster),
-                    "no_slowdown": (no_slowdown, cluster),
-                    "pairs": (prof, dataclasses.replace(cluster, thread_pairs=True)),
+                    "no_ckpt_share": (no_ckpt_share, model_cluster),
+                    "no_slowdown": (no_slowdown, model_cluster),
+                    "pairs": (prof, dataclasses.replace(model_cluster, thread_pairs=True)),
                     "pairs_gaps_held": (prof, dataclasses.replace(
-                        cluster, thread_pairs=True, gaps_hold_interpreter=True))}
-        table, traces = predict_and_measure(prof, plans, cluster, measure, name, variants)
-        save_measured_actions(actions_path, name, plans, traces)
+                        model_cluster, thread_pairs=True, gaps_hold_interpreter=True)),
+                    # the overheads of the reading before the grid alone
+                    "unbracketed": (prof, bracketed(cluster, [cluster.host_contention],
+                                                    gaps[-2:-1], in_action[-2:-1]))}
+        table = predicted_against(prof, plans, model_cluster, measured, name, variants)
+        save_measured_actions(actions_path, name, plans, measured)
         tables.append(table)
-        measured_all += traces
+        measured_all += measured
         print(table[["balance", "chunks", "checkpoint", "schedule", "predicted_ms",
                      "predicted_ms_no_interpreter", "measured_ms", "error_pct"]]
               .round(2).to_string(index=False), flush=True)
@@ -157,7 +178,8 @@ def main() -> None:
                        ("no_slowdown", "without the contended slowdown (plain turns)"),
                        ("pairs", "with the passes' measured pairs in place of the shares"),
                        ("gaps_held", "with the executor's gaps holding the interpreter"),
-                       ("pairs_gaps_held", "with the pairs, the gaps taken as forwards")):
+                       ("pairs_gaps_held", "with the pairs, the gaps taken as forwards"),
+                       ("unbracketed", "with the overheads read before each grid alone")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
@@ -169,6 +191,8 @@ def main() -> None:
     print(f"all: {summary['median_abs_error_pct']:.1f}% / {summary['max_abs_error_pct']:.1f}%, "
           f"without the interpreter {err['median_abs_error_pct']:.1f}% / "
           f"{err['max_abs_error_pct']:.1f}%")
+    summary["gap_readings"] = gaps
+    summary["in_action_readings"] = in_action  # seconds
     write_results("validation_threads", table, {**machine(), "summary": summary,
                                                 "cluster": cluster.to_dict(),
                                                 "models": MODELS, "torch": torch.__version__})
