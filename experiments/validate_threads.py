@@ -5,22 +5,26 @@ a backward runs mostly in autograd's engine.  This grid checks the simulator's
 interpreter (``Device.process``, the profile's measured ``interpreter_share``) where it
 can be checked without a GPU:
 
-1. profile each model (one torch thread) with the interpreter shares measured at every
-   size (two threads against one: ``executor.profiler.measure_interpreter_share``), and
-   each pass beside each other pass (``measure_pair_slowdown``: the variant ``pairs``,
-   ``Cluster.thread_pairs``, predicts with those instead);
+1. profile each model (one torch thread) with each pass measured beside each other pass
+   (``measure_pair_slowdown``: what the ``cpu-threads`` cluster shares by,
+   ``Cluster.thread_pairs``) and the interpreter shares at every size (two threads
+   against one: ``executor.profiler.measure_interpreter_share``; the variant ``shares``,
+   the model before 2026-11-26 night, predicts with those instead);
 2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
    ``executor.pipeline.Pipeline`` (threads, one core each), read the overheads again, and
    predict it with the mean of the readings before and after it (``unbracketed``: the one
    before alone), the workers as threads of one process, and without (the ablation):
-   median / max |error|.
+   median / max |error|; and with each stage's actions at their seconds measured in place
+   before the grid (``in_place_costs``, ``in_place_shares``: ``device_stage_costs`` on the
+   CPU, what took the H200 grid from 7.3% to 4.9%).
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
     python experiments/validate_threads.py --repredict   # the saved run, today's model
 Writes experiments/results/validation_threads.csv/.json, and for ``--repredict`` the run's
-calibration (``calibration_threads.json``), profiles (``profile_threads_MODEL.csv``) and
-measured actions (``validation_threads_actions.csv.gz``).
+calibration (``calibration_threads.json``), profiles (``profile_threads_MODEL.csv``),
+in-place costs (``in_place_costs_threads.json``) and measured actions
+(``validation_threads_actions.csv.gz``).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -37,6 +42,7 @@ import pandas as pd
 import torch
 
 from executor.calibrate import calibrate_threads, measure_thread_overhead, overheads_text
+from executor.in_place import device_stage_costs
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
@@ -52,7 +58,7 @@ from experiments.validation import (
     summarise,
 )
 from pipesim.balance import min_max_partition
-from pipesim.cluster import Cluster
+from pipesim.cluster import Cluster, in_place_costs_of
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 
@@ -97,6 +103,7 @@ def main() -> None:
     # the in-action overhead, seconds, in validate.py's layout (predict_saved reads them)
     gaps: list[tuple] = [(cluster.action_gap_s, cluster.wakeup_gap_s, None)]
     in_action = [cluster.compute_overhead_s]
+    in_place: dict[str, list[dict]] = {}  # model -> rows of device_stage_costs
     tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
@@ -107,6 +114,12 @@ def main() -> None:
         print(f"{name}: interpreter shares {prof.meta['interpreter_share']}", flush=True)
         prof.save(RESULTS / f"profile_threads_{name}.csv")
         balance = min_max_partition(prof.layer_times(BATCH // 4), 2)
+        # each stage measured in place through the executor's StageRunner, plain and
+        # checkpointed at every size (device_stage_costs, as gpu_validate.py measures the
+        # GPU's stages): the variant in_place_costs gives the actions these seconds in
+        # place of the profile's sum and the in-action overhead
+        in_place[name] = device_stage_costs(job, balance, sizes, device="cpu")
+        (RESULTS / "in_place_costs_threads.json").write_text(json.dumps(in_place, indent=1))
         plans = [Plan(balance, m, BATCH, checkpoint=ckpt, schedule=schedule)
                  for schedule in ("gpipe", "1f1b") for ckpt in ("never", "always")
                  for m in (1, 2, 4, 8, 16)]
@@ -147,16 +160,26 @@ def main() -> None:
         no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
         # (and each pass beside each other pass, as measured: Cluster.thread_pairs, in
         # place of the shares)
+        # (the cluster, cpu-threads, shares by the measured pairs: Cluster.thread_pairs)
+        shares = dataclasses.replace(model_cluster, thread_pairs=False)
+        costs = in_place_costs_of(in_place[name])
         variants = {"no_interpreter": (prof, apart),
-                    # the executor's gaps between actions holding the interpreter
-                    # (Cluster.gaps_hold_interpreter: three runs pooled, not better)
+                    # the interpreter's and engine's turns by the measured shares, as
+                    # before 2026-11-26 night; and those without the checkpointed shares
+                    # and slowdowns, and without the slowdowns
+                    "shares": (prof, shares),
+                    "no_ckpt_share": (no_ckpt_share, shares),
+                    "no_slowdown": (no_slowdown, shares),
+                    # the executor's gaps between actions holding the interpreter, taken
+                    # as forwards by the pairs (Cluster.gaps_hold_interpreter: opt-in)
                     "gaps_held": (prof, dataclasses.replace(model_cluster,
                                                             gaps_hold_interpreter=True)),
-                    "no_ckpt_share": (no_ckpt_share, model_cluster),
-                    "no_slowdown": (no_slowdown, model_cluster),
-                    "pairs": (prof, dataclasses.replace(model_cluster, thread_pairs=True)),
-                    "pairs_gaps_held": (prof, dataclasses.replace(
-                        model_cluster, thread_pairs=True, gaps_hold_interpreter=True)),
+                    "shares_gaps_held": (prof, dataclasses.replace(
+                        shares, gaps_hold_interpreter=True)),
+                    # each stage's actions at their seconds measured in place
+                    "in_place_costs": (prof, dataclasses.replace(model_cluster,
+                                                                 in_place_costs=costs)),
+                    "in_place_shares": (prof, dataclasses.replace(shares, in_place_costs=costs)),
                     # the overheads of the reading before the grid alone
                     "unbracketed": (prof, bracketed(cluster, [cluster.host_contention],
                                                     gaps[-2:-1], in_action[-2:-1]))}
@@ -173,13 +196,15 @@ def main() -> None:
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
         print(f"pass noise: {noise[0]:.1f}% median, {noise[1]:.1f}% max")
-    for name, what in (("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
+    for name, what in (("shares", "with the interpreter's shares in place of the pairs"),
+                       ("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
                                          "no slowdown)"),
-                       ("no_slowdown", "without the contended slowdown (plain turns)"),
-                       ("pairs", "with the passes' measured pairs in place of the shares"),
-                       ("gaps_held", "with the executor's gaps holding the interpreter"),
-                       ("pairs_gaps_held", "with the pairs, the gaps taken as forwards"),
-                       ("unbracketed", "with the overheads read before each grid alone")):
+                       ("no_slowdown", "with the shares, no contended slowdown (plain turns)"),
+                       ("gaps_held", "with the executor's gaps held, taken as forwards"),
+                       ("shares_gaps_held", "with the shares and the gaps held in turn"),
+                       ("unbracketed", "with the overheads read before each grid alone"),
+                       ("in_place_costs", "with each stage's costs measured in place"),
+                       ("in_place_shares", "with the in-place costs and the shares")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
@@ -202,11 +227,13 @@ def repredict() -> None:
     """The saved run (``results/validation_threads.csv`` with its calibration and profiles)
     predicted by today's model: ``results/validation_threads_repredicted.csv`` and each
     model's median / max |error| beside the run's own."""
-    # (the run's measurements with today's model: a choice the saved cluster carries,
-    # whether the gaps hold the interpreter, is today's default's)
+    # (the run's measurements with today's model: the choices the saved cluster carries,
+    # whether the gaps hold the interpreter and whether the threads share by the measured
+    # pairs, are today's defaults')
     today = Cluster.cpu_threads(2)
     table = predict_saved(RESULTS, "threads",
-                          cluster_fields={"gaps_hold_interpreter": today.gaps_hold_interpreter})
+                          cluster_fields={"gaps_hold_interpreter": today.gaps_hold_interpreter,
+                                          "thread_pairs": today.thread_pairs})
     table["error_now_pct"] = 100 * (table.predicted_ms_now / table.measured_ms - 1)
     table.to_csv(RESULTS / "validation_threads_repredicted.csv", index=False)
     for model, part in [*table.groupby("model"), ("all", table)]:
