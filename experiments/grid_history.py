@@ -26,7 +26,9 @@ machine).
                                        [--slowdowns run|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
                                        [--gaps none|FILE]]
-Writes experiments/results/grid_history.csv (one row per plan and column) and .json.
+Writes experiments/results/grid_history.csv (one row per plan and column) and .json
+(``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
+``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares).
 """
 
 from __future__ import annotations
@@ -310,7 +312,9 @@ def main() -> None:
         noise = c["pass_noise_median_pct"]
         print(f"run {name} ({c['date']}{', ranks pinned' if c.get('pinned') else ''}): pass noise "
               f"{'-' if noise is None else f'{noise:.1f}%'}, profile drift {drift or '-'}")
-    write_results("grid_history", table, {"runs": [str(f) for f in folders],
+    # (another tag's history beside the CPU processes' own: grid_history_threads, ...)
+    name = "grid_history" if args.tag == "cpu" else f"grid_history_{args.tag}"
+    write_results(name, table, {"runs": [str(f) for f in folders],
                                           "conditions": conditions,
                                           "cluster_fields": fields, "summary": summary})
     print(f"wrote {RESULTS / 'grid_history.csv'}")
