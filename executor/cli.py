@@ -12,7 +12,6 @@ import json
 import statistics
 import sys
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -187,18 +186,12 @@ def default_cluster(transport: str, device: str) -> str:
 def threads_profile_warning(profile: Profile, path: str, device: str, stages: int
                             ) -> str | None:
     """What a profile at ``path`` lacks for predicting ``stages`` stage threads on
-    ``device`` (None: nothing): on the CPU the passes measured in pairs (``--pairs``, what
-    the ``cpu-threads`` preset shares by), else the interpreter's shares
-    (``--interpreter``); on a GPU the device's measured concurrency law (``--streams``)."""
+    ``device`` (None: nothing): on the CPU the interpreter's shares (``--interpreter``),
+    on a GPU the device's measured concurrency law (``--streams``)."""
     if device.split(":")[0] == "cpu":
-        size = profile.micro_batch_sizes[0]
-        if profile.interpreter_share(size) is None and profile.pair_slowdown(size) is None:
+        if profile.interpreter_share(profile.micro_batch_sizes[0]) is None:
             return (f"{path} has no interpreter shares: stage threads on the CPU are predicted "
-                    "as if they did not share the interpreter (profile with --pairs, or "
-                    "--interpreter for the shares alone)")
-        if profile.pair_slowdown(size) is None:
-            return (f"{path} has no passes measured in pairs: stage threads on the CPU are "
-                    "predicted by the interpreter's shares (profile with --pairs)")
+                    "as if they did not share the interpreter (profile with --interpreter)")
     elif len(profile.stream_speedup(profile.micro_batch_sizes[0]) or ()) < stages:
         return (f"{path} has no measured concurrency law for {stages} streams: stages sharing "
                 "the GPU are predicted by the law its size scaling implies (profile with "
@@ -287,10 +280,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         cluster = load_cluster(args.cluster or default_cluster(args.transport, args.device),
                                plan.n_devices)
-        with warnings.catch_warnings():
-            # (what the profile lacks for stage threads was said before the run)
-            warnings.filterwarnings("ignore", message=".*thread_pairs wants")
-            predicted = simulate(profile, plan, cluster)
+        predicted = simulate(profile, plan, cluster)
         write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
         cmp = compare(predicted, result.trace)
         print(f"compare   {cmp.summary()}")

@@ -5,18 +5,17 @@ a backward runs mostly in autograd's engine.  This grid checks the simulator's
 interpreter (``Device.process``, the profile's measured ``interpreter_share``) where it
 can be checked without a GPU:
 
-1. profile each model (one torch thread) with each pass measured beside each other pass
-   (``measure_pair_slowdown``: what the ``cpu-threads`` cluster shares by,
-   ``Cluster.thread_pairs``) and the interpreter shares at every size (two threads
-   against one: ``executor.profiler.measure_interpreter_share``; the variant ``shares``,
-   the model before 2026-11-26 night, predicts with those instead);
+1. profile each model (one torch thread) with the interpreter shares measured at every
+   size (two threads against one: ``executor.profiler.measure_interpreter_share``), and
+   each pass beside each other pass (``measure_pair_slowdown``: the variant ``pairs``,
+   ``Cluster.thread_pairs``, predicts with those instead);
 2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
    ``executor.pipeline.Pipeline`` (threads, one core each), read the overheads again, and
    predict it with the mean of the readings before and after it (``unbracketed``: the one
    before alone), the workers as threads of one process, and without (the ablation):
    median / max |error|; and with each stage's actions at their seconds measured in place
-   before the grid (``in_place_costs``, ``in_place_shares``: ``device_stage_costs`` on the
+   before the grid (``in_place_costs``, ``in_place_pairs``: ``device_stage_costs`` on the
    CPU, what took the H200 grid from 7.3% to 4.9%).
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
@@ -160,26 +159,25 @@ def main() -> None:
         no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
         # (and each pass beside each other pass, as measured: Cluster.thread_pairs, in
         # place of the shares)
-        # (the cluster, cpu-threads, shares by the measured pairs: Cluster.thread_pairs)
-        shares = dataclasses.replace(model_cluster, thread_pairs=False)
+        # (the cluster, cpu-threads, shares by the interpreter's measured shares; the
+        # variant pairs by the passes measured in pairs: Cluster.thread_pairs)
+        pairs = dataclasses.replace(model_cluster, thread_pairs=True)
         costs = in_place_costs_of(in_place[name])
         variants = {"no_interpreter": (prof, apart),
-                    # the interpreter's and engine's turns by the measured shares, as
-                    # before 2026-11-26 night; and those without the checkpointed shares
-                    # and slowdowns, and without the slowdowns
-                    "shares": (prof, shares),
-                    "no_ckpt_share": (no_ckpt_share, shares),
-                    "no_slowdown": (no_slowdown, shares),
-                    # the executor's gaps between actions holding the interpreter, taken
-                    # as forwards by the pairs (Cluster.gaps_hold_interpreter: opt-in)
+                    # without the checkpointed shares and slowdowns; without the slowdowns
+                    "no_ckpt_share": (no_ckpt_share, model_cluster),
+                    "no_slowdown": (no_slowdown, model_cluster),
+                    "pairs": (prof, pairs),
+                    # the executor's gaps between actions holding the interpreter, in turn
+                    # or, by the pairs, as forwards (Cluster.gaps_hold_interpreter: opt-in)
                     "gaps_held": (prof, dataclasses.replace(model_cluster,
                                                             gaps_hold_interpreter=True)),
-                    "shares_gaps_held": (prof, dataclasses.replace(
-                        shares, gaps_hold_interpreter=True)),
+                    "pairs_gaps_held": (prof, dataclasses.replace(pairs,
+                                                                  gaps_hold_interpreter=True)),
                     # each stage's actions at their seconds measured in place
                     "in_place_costs": (prof, dataclasses.replace(model_cluster,
                                                                  in_place_costs=costs)),
-                    "in_place_shares": (prof, dataclasses.replace(shares, in_place_costs=costs)),
+                    "in_place_pairs": (prof, dataclasses.replace(pairs, in_place_costs=costs)),
                     # the overheads of the reading before the grid alone
                     "unbracketed": (prof, bracketed(cluster, [cluster.host_contention],
                                                     gaps[-2:-1], in_action[-2:-1]))}
@@ -196,15 +194,15 @@ def main() -> None:
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
         print(f"pass noise: {noise[0]:.1f}% median, {noise[1]:.1f}% max")
-    for name, what in (("shares", "with the interpreter's shares in place of the pairs"),
-                       ("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
+    for name, what in (("no_ckpt_share", "with the plain passes' shares alone (no Fc, Bc, "
                                          "no slowdown)"),
-                       ("no_slowdown", "with the shares, no contended slowdown (plain turns)"),
-                       ("gaps_held", "with the executor's gaps held, taken as forwards"),
-                       ("shares_gaps_held", "with the shares and the gaps held in turn"),
+                       ("no_slowdown", "without the contended slowdown (plain turns)"),
+                       ("pairs", "with the passes' measured pairs in place of the shares"),
+                       ("gaps_held", "with the executor's gaps holding the interpreter"),
+                       ("pairs_gaps_held", "with the pairs, the gaps taken as forwards"),
                        ("unbracketed", "with the overheads read before each grid alone"),
                        ("in_place_costs", "with each stage's costs measured in place"),
-                       ("in_place_shares", "with the in-place costs and the shares")):
+                       ("in_place_pairs", "with the in-place costs and the pairs")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]

@@ -324,8 +324,10 @@ class Cluster:
     #:     together      F |======|       Bc |..........====|==========|   "Bc|F" >> "F|Bc"
     #:
     #: A profile that did not measure the pairs is predicted by the shares instead, with a
-    #: warning.  On by default in :meth:`cpu_threads` (five CPU threads runs pooled 10.6%
-    #: -> 5.9% median, 2026-11-26); off on a GPU until a grid measures it there.
+    #: warning.  Opt-in: on seven CPU threads runs (2026-11-26 evening) the pairs pooled
+    #: better at the median (11.4% against 15.7%) and worse at the worst plan (63.9%
+    #: against 31.6%), each run alike (median 19.2% against 18.8%); a GPU grid has not
+    #: measured them yet.
     #: False: the interpreter's and the engine's turns, by their measured shares
     thread_pairs: bool = False
     #: workers that are threads of one process hold its interpreter for the executor's own
@@ -523,13 +525,12 @@ class Cluster:
     def cpu_threads(cls, n: int, cores: int = 0, memory_bytes: float = math.inf) -> Cluster:
         """``n`` stage threads of one process on the CPU (the in-process executor): each
         computes on a core of its own -- of ``cores`` (0: as many as threads), taken in
-        turn beyond them -- and all hold one interpreter, slowing each other as a profile
-        measured its passes in pairs (``pairs=True``: :attr:`thread_pairs`), else for the
-        shares it measured (``interpreter=True``); no copies (rough overhead)."""
+        turn beyond them -- and all hold one interpreter, for the shares a profile measured
+        with ``interpreter=True``; no copies (rough overhead)."""
         cores = cores or n
         return cls([Device(f"t{i}", physical=f"core{i % cores}", memory_bytes=memory_bytes,
                            process="main") for i in range(n)],
-                   compute_overhead_s=30e-6, thread_pairs=True, name="cpu_threads")
+                   compute_overhead_s=30e-6, name="cpu_threads")
 
     @classmethod
     def nvlink_gpus(cls, n: int, memory_bytes: float = 80 * 2**30) -> Cluster:

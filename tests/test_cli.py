@@ -201,13 +201,13 @@ def test_calibrate_threads_measures_each_stage_of_each_balance_in_place(tmp_path
 
     small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
     prof = tmp_path / "p.csv"
-    # the stage threads' sharing measured with the profile: the device's law, the
-    # interpreter's shares and the passes in pairs at each size
+    # the stage threads' sharing measured with the profile: the device's law and the
+    # interpreter's shares at each size
     assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
-                 "--streams", "2", "--interpreter", "--pairs", "--out", str(prof)]) == 0
+                 "--streams", "2", "--interpreter", "--out", str(prof)]) == 0
     profile = Profile.load(prof)
     assert profile.stream_speedup(2)[0] == 1.0 and len(profile.stream_speedup(4)) == 2
-    assert profile.interpreter_share(4) is not None and profile.pair_slowdown(4) is not None
+    assert profile.interpreter_share(4) is not None
     out = tmp_path / "cluster.json"
     # every balance the tuner tries at 4 samples ([2, 2] and its neighbours; one named
     # too is measured once)
