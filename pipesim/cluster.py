@@ -323,11 +323,10 @@ class Cluster:
     #:     alone         F |=====|        Bc |==========|
     #:     together      F |======|       Bc |..........====|==========|   "Bc|F" >> "F|Bc"
     #:
-    #: A profile that did not measure the pairs is predicted by the shares instead, with a
-    #: warning.  Opt-in: on seven CPU threads runs (2026-11-26 evening) the pairs pooled
-    #: better at the median (11.4% against 15.7%) and worse at the worst plan (63.9%
-    #: against 31.6%), each run alike (median 19.2% against 18.8%); a GPU grid has not
-    #: measured them yet.
+    #: Opt-in (a profile without the pairs is refused): on seven CPU threads runs
+    #: (2026-11-26 evening) the pairs pooled better at the median (11.4% against 15.7%)
+    #: and worse at the worst plan (63.9% against 31.6%), each run alike (median 19.2%
+    #: against 18.8%); a GPU grid has not measured them yet.
     #: False: the interpreter's and the engine's turns, by their measured shares
     thread_pairs: bool = False
     #: workers that are threads of one process hold its interpreter for the executor's own

@@ -72,8 +72,7 @@ Where the cluster says so (:attr:`pipesim.cluster.Cluster.thread_pairs`) the thr
 one process share instead by pairs the profiler measured pass beside pass: an action
 progresses at the rate its pass has beside the pass the other thread runs
 (:class:`pipesim.contention.PairSharing`), and none of the turns above is taken -- the
-pairs were measured with the interpreter, the engine and the device shared.  A profile
-without them is predicted by the turns above, with a warning.
+pairs were measured with the interpreter, the engine and the device shared.
 
 Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
 
@@ -106,7 +105,6 @@ Each iteration's backward::
 
 from __future__ import annotations
 
-import warnings
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -124,6 +122,7 @@ from pipesim.contention import (
     interpreter_law,
 )
 from pipesim.costs import PlanCosts
+from pipesim.errors import ClusterError
 from pipesim.plan import Plan
 from pipesim.profile import PAIR_KINDS, Profile
 from pipesim.schedule import (
@@ -586,13 +585,10 @@ class Simulator:
         # no interpreter, engine or stream law of their own, the pairs hold all three
         self.paired_processes = self.shared_processes if self.cluster.thread_pairs else []
         if self.paired_processes and self.profile.pair_slowdown(1.0) is None:
-            # (the shares then: the model the pairs replace, where the profile has them)
-            warnings.warn(
-                f"{self.cluster.name}: thread_pairs wants a profile that measured its passes "
+            raise ClusterError(
+                f"{self.cluster.name}: thread_pairs needs a profile that measured its passes "
                 f"in pairs (meta['pair_slowdown'], profile(..., pairs=True)); "
-                f"{self.profile.source} has none: its threads share by the interpreter's "
-                "shares instead", stacklevel=3)
-            self.paired_processes = []
+                f"{self.profile.source} has none")
         paired = {w for p in self.paired_processes for w in processes[p]}
         self.shared_processes = [p for p in self.shared_processes
                                  if p not in self.paired_processes]

@@ -2009,17 +2009,14 @@ def test_a_checkpointed_micro_batchs_passes_are_their_own_pairs():
     assert iteration(prof, "always") > iteration(fair, "always") * 1.05  # Bc beside forwards
 
 
-def test_thread_pairs_without_measured_pairs_fall_back_to_the_shares_and_round_trip(tmp_path):
-    from pipesim.errors import ProfileError
+def test_thread_pairs_need_a_profile_that_measured_them_and_round_trip(tmp_path):
+    from pipesim.errors import ClusterError, ProfileError
 
     gpu, _ = _two_threads_on_a_gpu()
     paired = dataclasses.replace(gpu, thread_pairs=True)
     prof = uniform_profile(2, sizes=(1, 2))
-    # a profile without pairs: predicted by the interpreter's and engine's turns, warned
-    with pytest.warns(UserWarning, match="pair_slowdown.*shares instead"):
-        fallback = simulate(prof, Plan([1, 1], 2, 2), paired)
-    assert metrics(fallback).iteration_time_s == pytest.approx(
-        metrics(simulate(prof, Plan([1, 1], 2, 2), gpu)).iteration_time_s)
+    with pytest.raises(ClusterError, match="pair_slowdown"):
+        simulate(prof, Plan([1, 1], 2, 2), paired)
     assert Cluster.load(paired.save(tmp_path / "c.json")).thread_pairs
     # a lone process's workers have no pairs to need
     simulate(prof, Plan([1, 1], 2, 2), dataclasses.replace(
