@@ -157,10 +157,8 @@ def main() -> None:
         no_ckpt_share = Profile(prof.table, {**prof.meta, "interpreter_share": plain,
                                              "interpreter_slowdown": {}})
         no_slowdown = Profile(prof.table, {**prof.meta, "interpreter_slowdown": {}})
-        # (and each pass beside each other pass, as measured: Cluster.thread_pairs, in
-        # place of the shares)
         # (the cluster, cpu-threads, shares by the interpreter's measured shares; the
-        # variant pairs by the passes measured in pairs: Cluster.thread_pairs)
+        # variant pairs by each pass measured beside each other pass: Cluster.thread_pairs)
         pairs = dataclasses.replace(model_cluster, thread_pairs=True)
         costs = in_place_costs_of(in_place[name])
         variants = {"no_interpreter": (prof, apart),
