@@ -401,11 +401,13 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
     if device is not None:
         before = torch.get_num_threads()  # (the loop sets it: keep the caller's)
         results = {}
-        for rank in range(world):
-            collected = _Collected()
-            _costs_loop(rank, _Turns(), job, *args, True, collected, device)
-            (_, results[rank]), = collected
-        torch.set_num_threads(before)
+        try:
+            for rank in range(world):
+                collected = _Collected()
+                _costs_loop(rank, _Turns(), job, *args, True, collected, device)
+                (_, results[rank]), = collected
+        finally:
+            torch.set_num_threads(before)
     else:
         barrier = mp.get_context("spawn").Barrier(world)
         results = dict(_gather(_costs_loop, world, (barrier, job, *args, at_once),

@@ -46,7 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 import pandas as pd
 
-from experiments.common import RESULTS, write_results
+from experiments.common import write_results
 from experiments.validation import in_place_readings, predict_saved
 from pipesim.cluster import Cluster
 
@@ -314,10 +314,10 @@ def main() -> None:
               f"{'-' if noise is None else f'{noise:.1f}%'}, profile drift {drift or '-'}")
     # (another tag's history beside the CPU processes' own: grid_history_threads, ...)
     name = "grid_history" if args.tag == "cpu" else f"grid_history_{args.tag}"
-    write_results(name, table, {"runs": [str(f) for f in folders],
-                                          "conditions": conditions,
-                                          "cluster_fields": fields, "summary": summary})
-    print(f"wrote {RESULTS / 'grid_history.csv'}")
+    path = write_results(name, table, {"runs": [str(f) for f in folders],
+                                       "conditions": conditions, "cluster_fields": fields,
+                                       "summary": summary})
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -123,17 +123,11 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     # (its measured host seconds; a backward's, autograd's thread issuing it): the gap to
     # its next action hides behind the device's work where the host is ahead
     # (Cluster.issue_ahead; nothing assumed: the host columns are measured)
-    "threads_issue_ahead": lambda p, c: (
-        (_with_autograd_nodes(_with_host_shares(_without_law(p))),
-         dataclasses.replace(_threads(c), issue_ahead=True))
-        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    "threads_issue_ahead": lambda p, c: _node_order_with(p, c, issue_ahead=True),
     # threads_node_order, and the executor's own seconds between a worker's actions
     # holding the interpreter, in turn with the other threads' share of theirs
     # (Cluster.gaps_hold_interpreter; nothing assumed: the gaps are the calibration's)
-    "threads_gaps": lambda p, c: (
-        (_with_autograd_nodes(_with_host_shares(_without_law(p))),
-         dataclasses.replace(_threads(c), gaps_hold_interpreter=True))
-        if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    "threads_gaps": lambda p, c: _node_order_with(p, c, gaps_hold_interpreter=True),
     # the workers as threads of one process, each pass slowed by the pass beside it as
     # the profile measured the pairs (profile(..., pairs=True); Cluster.thread_pairs, in
     # place of the interpreter's, engine's and device's turns); runs before 2026-11-27
@@ -216,6 +210,13 @@ def _with_host_shares(profile: Profile, launch_bound: float | None = None) -> Pr
                              "Fc": min((r.host_fwd_s + hooks) / r.ckpt_fwd_s, 1.0),
                              "Bc": 1.0 if bound else 0.0}
     return Profile(profile.table, {**profile.meta, "interpreter_share": shares}, profile.source)
+
+
+def _node_order_with(profile: Profile, cluster: Cluster, **fields) -> Model | None:
+    """The ``threads_node_order`` variant with ``fields`` of its cluster replaced (None
+    where that variant does not apply)."""
+    model = VARIANTS["threads_node_order"](profile, cluster)
+    return None if model is None else (model[0], dataclasses.replace(model[1], **fields))
 
 
 def _threads(cluster: Cluster) -> Cluster:

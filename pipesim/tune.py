@@ -92,8 +92,7 @@ def chunk_counts(profile: Profile, batch_size: int, chunks: Sequence[int] | None
     range of sizes; a PlanError where none does."""
     lo, hi = min(profile.micro_batch_sizes), max(profile.micro_batch_sizes)
     if chunks is None:
-        chunks = [c for c in (2**k for k in range(int(math.log2(batch_size)) + 1))
-                  if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi]
+        chunks = [2**k for k in range(int(math.log2(batch_size)) + 1)]
     chunks = [c for c in chunks if c <= batch_size and lo <= math.ceil(batch_size / c) <= hi
               and min(Plan([1], c, batch_size).micro_batch_sizes) >= lo]
     if not chunks:
