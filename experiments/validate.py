@@ -28,7 +28,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -59,6 +59,7 @@ from experiments.validation import (
     grid,
     in_passes,
     iterations_for,
+    mean_readings,
     measured_table,
     noise_floor,
     pass_noise,
@@ -75,9 +76,6 @@ from pipesim.cluster import CheckpointExtra, ExecutorGap, InPlaceCost, in_place_
 from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
-
-#: rows measured in place that validate.py brackets: a reading before and after each grid
-Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap, InPlaceCost)
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -437,24 +435,6 @@ def main() -> None:
     print(replay.groupby("model").replay_error_pct.describe().round(2).to_string())
     print(json.dumps(summary, indent=2))
     print(f"wrote {path}")
-
-
-#: the fields of a reading's row that are measured seconds (the others are its key)
-SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s")
-
-
-def mean_readings(*readings: list[Reading]) -> list[Reading]:
-    """Each row's seconds (:data:`SECONDS_FIELDS`) the mean of the readings that have its
-    key (every other field: span, size, mode), for rows such as CheckpointExtra,
-    ExecutorGap and InPlaceCost."""
-    values: dict[Reading, list[Reading]] = {}
-    for reading in readings:
-        for x in reading:
-            fields = [f.name for f in dataclasses.fields(x) if f.name in SECONDS_FIELDS]
-            values.setdefault(dataclasses.replace(x, **dict.fromkeys(fields, 0.0)), []).append(x)
-    return [dataclasses.replace(key, **{f: sum(getattr(x, f) for x in rows) / len(rows)
-                                        for f in SECONDS_FIELDS if hasattr(key, f)})
-            for key, rows in sorted(values.items(), key=lambda kv: dataclasses.astuple(kv[0]))]
 
 
 def repredict(results: Path, tag: str) -> None:

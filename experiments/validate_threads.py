@@ -16,7 +16,11 @@ can be checked without a GPU:
    before alone), the workers as threads of one process, and without (the ablation):
    median / max |error|; and with each stage's actions at their seconds measured in place
    before the grid (``in_place_costs``, ``in_place_pairs``: ``device_stage_costs`` on the
-   CPU, what took the H200 grid from 7.3% to 4.9%).
+   CPU, what took the H200 grid from 7.3% to 4.9%); and with what a wait costs the
+   actions after it and what checkpointing adds to a backward, both measured in place in
+   this process as ``validate.py`` measures them in its ranks (``idle_costs``: the
+   in-process ``executor.in_place.idle_costs`` before the grid, read against the profile;
+   the checkpoint's extras from the stage costs before and after the grid, the mean).
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
     python experiments/validate_threads.py --repredict   # the saved run, today's model
@@ -41,7 +45,7 @@ import pandas as pd
 import torch
 
 from executor.calibrate import calibrate_threads, measure_thread_overhead, overheads_text
-from executor.in_place import device_stage_costs
+from executor.in_place import checkpoint_extras_of, device_stage_costs, idle_costs
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from executor.profiler import profile
@@ -50,6 +54,7 @@ from experiments.validation import (
     bracketed,
     in_passes,
     iterations_for,
+    mean_readings,
     pass_noise,
     predict_saved,
     predicted_against,
@@ -58,6 +63,7 @@ from experiments.validation import (
 )
 from pipesim.balance import min_max_partition
 from pipesim.cluster import Cluster, in_place_costs_of
+from pipesim.costs import with_profile_seconds
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 
@@ -103,6 +109,8 @@ def main() -> None:
     gaps: list[tuple] = [(cluster.action_gap_s, cluster.wakeup_gap_s, None)]
     in_action = [cluster.compute_overhead_s]
     in_place: dict[str, list[dict]] = {}  # model -> rows of device_stage_costs
+    idle: dict[str, list[dict]] = {}  # model -> IdleCost rows, read against its profile
+    extras: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows (before/after mean)
     tables, measured_all = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
@@ -119,6 +127,10 @@ def main() -> None:
         # place of the profile's sum and the in-action overhead
         in_place[name] = device_stage_costs(job, balance, sizes, device="cpu")
         (RESULTS / "in_place_costs_threads.json").write_text(json.dumps(in_place, indent=1))
+        # what a wait costs the action after it, in place: each stage's steps in this
+        # process after it slept before its forward or backward, against at once (a worker
+        # blocked on its queue sleeps as a rank does; the in-process idle_costs)
+        waited = idle_costs(job, balance, sizes, device="cpu")
         plans = [Plan(balance, m, BATCH, checkpoint=ckpt, schedule=schedule)
                  for schedule in ("gpipe", "1f1b") for ckpt in ("never", "always")
                  for m in (1, 2, 4, 8, 16)]
@@ -146,6 +158,15 @@ def main() -> None:
                      again["between_actions_all_s"]))
         in_action.append(again["in_action_s"])
         model_cluster = bracketed(cluster, [cluster.host_contention], gaps[-2:], in_action[-2:])
+        # the idle costs read against the profile (its regime over the steps at once), the
+        # checkpoint's extras the mean of the stage costs before and after the grid
+        waits = with_profile_seconds(waited, prof, model_cluster, balance)
+        added = mean_readings(checkpoint_extras_of(in_place[name]), checkpoint_extras_of(
+            device_stage_costs(job, balance, sizes, device="cpu")))
+        idle[name] = [dataclasses.asdict(row) for row in waits]
+        extras[name] = [dataclasses.asdict(row) for row in added]
+        waited_cluster = dataclasses.replace(model_cluster, idle_costs=tuple(waits),
+                                             checkpoint_extras=tuple(added))
         print(f"{name}: {overheads_text(model_cluster)} (readings before and after its "
               "grid, the mean)", flush=True)
         apart = dataclasses.replace(model_cluster, devices=[
@@ -176,6 +197,12 @@ def main() -> None:
                     "in_place_costs": (prof, dataclasses.replace(model_cluster,
                                                                  in_place_costs=costs)),
                     "in_place_pairs": (prof, dataclasses.replace(pairs, in_place_costs=costs)),
+                    # what a wait costs, and the checkpoint's extras, measured in place
+                    "idle_costs": (prof, waited_cluster),
+                    "checkpoint_extras": (prof, dataclasses.replace(
+                        model_cluster, checkpoint_extras=tuple(added))),
+                    "idle_pairs": (prof, dataclasses.replace(waited_cluster,
+                                                             thread_pairs=True)),
                     # the overheads of the reading before the grid alone
                     "unbracketed": (prof, bracketed(cluster, [cluster.host_contention],
                                                     gaps[-2:-1], in_action[-2:-1]))}
@@ -200,7 +227,10 @@ def main() -> None:
                        ("pairs_gaps_held", "with the pairs, the gaps taken as forwards"),
                        ("unbracketed", "with the overheads read before each grid alone"),
                        ("in_place_costs", "with each stage's costs measured in place"),
-                       ("in_place_pairs", "with the in-place costs and the pairs")):
+                       ("in_place_pairs", "with the in-place costs and the pairs"),
+                       ("idle_costs", "with the idle costs and checkpoint extras in place"),
+                       ("checkpoint_extras", "with the checkpoint extras in place alone"),
+                       ("idle_pairs", "with the idle costs, extras and the pairs")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
@@ -214,6 +244,9 @@ def main() -> None:
           f"{err['max_abs_error_pct']:.1f}%")
     summary["gap_readings"] = gaps
     summary["in_action_readings"] = in_action  # seconds
+    # (under their own keys: the default prediction does not charge them yet)
+    summary["idle_costs_in_place"] = idle
+    summary["checkpoint_extras_in_place"] = extras
     write_results("validation_threads", table, {**machine(), "summary": summary,
                                                 "cluster": cluster.to_dict(),
                                                 "models": MODELS, "torch": torch.__version__})

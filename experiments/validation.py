@@ -14,12 +14,20 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost, in_place_costs_of
+from pipesim.cluster import (
+    CheckpointExtra,
+    Cluster,
+    ExecutorGap,
+    IdleCost,
+    InPlaceCost,
+    in_place_costs_of,
+)
 from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
@@ -27,6 +35,8 @@ from pipesim.simulator import Jitter, simulate
 from pipesim.trace import Trace, metrics
 
 Measure = Callable[[list[Plan]], list[Trace]]
+#: rows measured in place that the grids bracket: a reading before and after each grid
+Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap, InPlaceCost)
 
 
 def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
@@ -548,3 +558,21 @@ def noise_floor(table: pd.DataFrame) -> tuple[float, float] | None:
         return None
     diff = (100 * (pairs["1f1b"] / pairs["gpipe"] - 1)).abs()
     return float(diff.median()), float(diff.max())
+
+
+#: the fields of a reading's row that are measured seconds (the others are its key)
+SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s")
+
+
+def mean_readings(*readings: list[Reading]) -> list[Reading]:
+    """Each row's seconds (:data:`SECONDS_FIELDS`) the mean of the readings that have its
+    key (every other field: span, size, mode), for rows such as CheckpointExtra,
+    ExecutorGap and InPlaceCost."""
+    values: dict[Reading, list[Reading]] = {}
+    for reading in readings:
+        for x in reading:
+            fields = [f.name for f in dataclasses.fields(x) if f.name in SECONDS_FIELDS]
+            values.setdefault(dataclasses.replace(x, **dict.fromkeys(fields, 0.0)), []).append(x)
+    return [dataclasses.replace(key, **{f: sum(getattr(x, f) for x in rows) / len(rows)
+                                        for f in SECONDS_FIELDS if hasattr(key, f)})
+            for key, rows in sorted(values.items(), key=lambda kv: dataclasses.astuple(kv[0]))]

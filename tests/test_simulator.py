@@ -1841,7 +1841,7 @@ def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_la
 
 
 def test_two_readings_of_in_place_rows_are_averaged_per_span_size_and_mode():
-    from experiments.validate import mean_readings
+    from experiments.validation import mean_readings
     from pipesim.cluster import CheckpointExtra, InPlaceCost
 
     before = [InPlaceCost(0, 2, 4, True, 1.0, 3.0), InPlaceCost(2, 4, 4, True, 5.0, 5.0)]
