@@ -26,7 +26,7 @@ from pipesim.cli import (
 )
 
 if TYPE_CHECKING:
-    from pipesim.cluster import Cluster
+    from pipesim.cluster import CheckpointExtra, Cluster, IdleCost
     from pipesim.profile import Profile
 
 
@@ -383,11 +383,15 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         raise UserError(f"--stages {args.stages}: a pipeline's workers are 2 or more")
     if args.transport == "threads":
         check_device(args.device)
-        for flag, given in (("--pin", args.pin), ("--idle-costs", args.idle_costs),
-                            ("--idle-at-once", args.idle_at_once)):
+        for flag, given in (("--pin", args.pin), ("--idle-at-once", args.idle_at_once)):
             if given:
-                raise UserError(f"{flag} is for --transport processes (with threads, measure "
-                                "each stage in place with --stage-costs PROFILE)")
+                raise UserError(f"{flag} is for --transport processes")
+        if args.idle_costs and args.stage_costs:
+            raise UserError("--idle-costs and --stage-costs: one or the other (the idle costs "
+                            "are read against the profile, which the stage costs replace)")
+        if args.idle_costs and args.device != "cpu":
+            raise UserError(f"--idle-costs with --device {args.device}: measured and checked "
+                            "for stage threads on the CPU only (on a GPU: --stage-costs)")
     else:
         if args.stage_costs:
             raise UserError("--stage-costs is for --transport threads (processes measure "
@@ -395,9 +399,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.device != "cpu":
             raise UserError(f"--device {args.device}: the processes transport runs on the CPU "
                             "(stages on a GPU: --transport threads)")
-        if args.balance and (len(args.balance) > 1 or args.balance[0] == "tuned"):
-            raise UserError(f"--balance {' '.join(args.balance)}: --idle-costs measures one "
-                            "balance (minutes each)")
+    if args.idle_costs and args.balance and (len(args.balance) > 1
+                                             or args.balance[0] == "tuned"):
+        raise UserError(f"--balance {' '.join(args.balance)}: --idle-costs measures one "
+                        "balance (minutes each)")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     calibrate = _calibrate_threads if args.transport == "threads" else _calibrate_processes
@@ -422,9 +427,13 @@ def _calibrate_threads(args: argparse.Namespace) -> Cluster:
 
     inputs = (_in_place_inputs(args, args.stage_costs, "--stage-costs")
               if args.stage_costs else None)
+    waits = (_in_place_inputs(args, args.idle_costs, "--idle-costs")
+             if args.idle_costs else None)
     print(f"calibrating {args.stages} threads on {args.device} ...", flush=True)
     cluster = calibrate_threads(args.device, args.stages)
     print(f"  {overheads_text(cluster)}", flush=True)
+    if waits is not None:
+        return _with_thread_idle_costs(args, cluster, *waits)
     if inputs is None:
         return cluster
     profile, balances, job, sizes = inputs
@@ -487,13 +496,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
                       pin_cores=args.pin, at_once=args.idle_at_once)
     rows = with_profile_seconds(rows, profile, cluster, balance)
     cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
-    firsts = [sum(balance[:i]) for i in range(len(balance))]
-    spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
-    for (first, kind, ckpt), part in sorted(spans.items()):
-        extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
-                          for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
-        print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
-              f"seconds more after an idle of {extra} ms")
+    _print_idle_costs(rows, balance)
     # and what checkpointing adds to each stage's backward, where no idle curve reads
     # it in place (the last stage's), and each stage's own executor seconds between
     # actions: one in-place measurement of the stages
@@ -504,16 +507,65 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras),
                                   executor_gaps=tuple(executor_gaps_of(stages)),
                                   executor_gap_base_s=base)
-    for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
-        print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
-              + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
-                          for x in sorted(part, key=lambda x: x.micro_batch)))
+    _print_checkpoint_extras(extras, balance)
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
     print("  executor's own seconds around an action (calibration pipeline's "
           f"{cluster.executor_gap_base_s * 1e3:.3f} ms): " + "  ".join(
               f"stage {firsts.index(x.first)} {x.micro_batch} samples "
               f"{x.seconds * 1e3:.3f} ms" for x in cluster.executor_gaps if not x.checkpointed))
     print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
     return cluster
+
+
+def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile: Profile,
+                            balances: list[list[int]], job: Callable,
+                            sizes: list[int]) -> Cluster:
+    """``cluster`` (stage threads on the CPU) with what a wait costs each stage of the one
+    balance in ``balances`` and what checkpointing adds to its backward, both measured in
+    this process (:func:`executor.in_place.idle_costs` with ``device``, the checkpoint's
+    extras from :func:`executor.in_place.device_stage_costs`), the idle costs read against
+    ``profile``.  On this project's VM they took the CPU threads grid from 29.8, 29.2 and
+    25.7% median error to 11.6, 19.9 and 15.4% (2026-11-26, ``validate_threads.py``)."""
+    from executor.in_place import (
+        IDLE_SIZES,
+        checkpoint_extras_of,
+        device_stage_costs,
+        idle_costs,
+        spread_sizes,
+    )
+    from pipesim.costs import with_profile_seconds
+
+    (balance,) = balances
+    print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} samples, "
+          f"each stage in this process ...", flush=True)
+    rows = with_profile_seconds(idle_costs(job, balance, sizes, rounds=args.idle_rounds,
+                                           device=args.device), profile, cluster, balance)
+    _print_idle_costs(rows, balance)
+    extras = checkpoint_extras_of(device_stage_costs(job, balance, sizes, device=args.device,
+                                                     rounds=args.in_place_rounds))
+    _print_checkpoint_extras(extras, balance)
+    print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
+    return dataclasses.replace(cluster, idle_costs=tuple(rows), checkpoint_extras=tuple(extras))
+
+
+def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
+    """Each stage's and action's seconds more after each idle (the median over sizes)."""
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
+    for (first, kind, ckpt), part in sorted(spans.items()):
+        extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
+                          for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
+        print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
+              f"seconds more after an idle of {extra} ms")
+
+
+def _print_checkpoint_extras(extras: Sequence[CheckpointExtra], balance: list[int]) -> None:
+    """What checkpointing adds to each stage's backward, per size."""
+    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
+        print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
+              + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
+                          for x in sorted(part, key=lambda x: x.micro_batch)))
 
 
 def _grouped(rows, key) -> dict:
@@ -545,8 +597,10 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", action="store_true",
                    help="each process on its own cores, as `run --transport processes --pin`")
     p.add_argument("--idle-costs", metavar="PROFILE",
-                   help="processes: also measure idle costs in place, read against this "
-                   "profile of --model (taken on this machine: `pipesim profile`)")
+                   help="also measure idle costs and the checkpoint's extras in place, read "
+                   "against this profile of --model (taken on this machine: `pipesim "
+                   "profile`): in each rank for processes, in this process for threads "
+                   "on the CPU")
     p.add_argument("--stage-costs", metavar="PROFILE",
                    help="threads: also measure each stage of --balance in place on --device, "
                    "plain and checkpointed at this profile's sizes (taken there: `pipesim "

@@ -9,18 +9,21 @@ can be checked without a GPU:
    size (two threads against one: ``executor.profiler.measure_interpreter_share``), and
    each pass beside each other pass (``measure_pair_slowdown``: the variant ``pairs``,
    ``Cluster.thread_pairs``, predicts with those instead);
-2. measure the executor's overheads between and inside actions (``measure_thread_overhead``);
+2. measure the executor's overheads between and inside actions (``measure_thread_overhead``),
+   and in place, in this process as ``validate.py`` measures them in its ranks: each
+   stage's steps at once (``device_stage_costs``), what a wait costs the actions after
+   it (the in-process ``executor.in_place.idle_costs``, read against the profile) and
+   what checkpointing adds to a backward (the stage costs before and after the grid,
+   the mean);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
    ``executor.pipeline.Pipeline`` (threads, one core each), read the overheads again, and
    predict it with the mean of the readings before and after it (``unbracketed``: the one
-   before alone), the workers as threads of one process, and without (the ablation):
-   median / max |error|; and with each stage's actions at their seconds measured in place
-   before the grid (``in_place_costs``, ``in_place_pairs``: ``device_stage_costs`` on the
-   CPU, what took the H200 grid from 7.3% to 4.9%); and with what a wait costs the
-   actions after it and what checkpointing adds to a backward, both measured in place in
-   this process as ``validate.py`` measures them in its ranks (``idle_costs``: the
-   in-process ``executor.in_place.idle_costs`` before the grid, read against the profile;
-   the checkpoint's extras from the stage costs before and after the grid, the mean).
+   before alone), the idle costs and the checkpoint's extras (ablations
+   ``no_idle_costs``, ``no_checkpoint_extras``, ``no_in_place``: the prediction before
+   2026-11-26 23:30), the workers as threads of one process, and without
+   (``no_interpreter``): median / max |error|; and with each stage's actions at their
+   seconds at once in place of the profile's (``in_place_costs``, ``in_place_pairs``,
+   what took the H200 grid from 7.3% to 4.9%).
 
     python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
     python experiments/validate_threads.py --repredict   # the saved run, today's model
@@ -157,16 +160,19 @@ def main() -> None:
         gaps.append((again["between_actions_s"], again["wakeup_s"],
                      again["between_actions_all_s"]))
         in_action.append(again["in_action_s"])
-        model_cluster = bracketed(cluster, [cluster.host_contention], gaps[-2:], in_action[-2:])
-        # the idle costs read against the profile (its regime over the steps at once), the
-        # checkpoint's extras the mean of the stage costs before and after the grid
-        waits = with_profile_seconds(waited, prof, model_cluster, balance)
+        read = bracketed(cluster, [cluster.host_contention], gaps[-2:], in_action[-2:])
+        # what a wait costs, read against the profile (its regime against the stage's
+        # steps at once, measured in place minutes after it), and the checkpoint's extras,
+        # the mean of the stage costs before and after the grid: the default since
+        # 2026-11-26 23:30 (three runs, 29.8 -> 11.6%, 29.2 -> 19.9%, 25.7 -> 15.4% median;
+        # most of it the steps at once, the waits' own surcharge within a point or two)
+        waits = with_profile_seconds(waited, prof, read, balance)
         added = mean_readings(checkpoint_extras_of(in_place[name]), checkpoint_extras_of(
             device_stage_costs(job, balance, sizes, device="cpu")))
         idle[name] = [dataclasses.asdict(row) for row in waits]
         extras[name] = [dataclasses.asdict(row) for row in added]
-        waited_cluster = dataclasses.replace(model_cluster, idle_costs=tuple(waits),
-                                             checkpoint_extras=tuple(added))
+        model_cluster = dataclasses.replace(read, idle_costs=tuple(waits),
+                                            checkpoint_extras=tuple(added))
         print(f"{name}: {overheads_text(model_cluster)} (readings before and after its "
               "grid, the mean)", flush=True)
         apart = dataclasses.replace(model_cluster, devices=[
@@ -181,7 +187,10 @@ def main() -> None:
         # (the cluster, cpu-threads, shares by the interpreter's measured shares; the
         # variant pairs by each pass measured beside each other pass: Cluster.thread_pairs)
         pairs = dataclasses.replace(model_cluster, thread_pairs=True)
+        # each stage's actions at their seconds measured in place, in place of the
+        # profile's (and so of the idle costs' reading against it)
         costs = in_place_costs_of(in_place[name])
+        placed = dataclasses.replace(read, in_place_costs=costs)
         variants = {"no_interpreter": (prof, apart),
                     # without the checkpointed shares and slowdowns; without the slowdowns
                     "no_ckpt_share": (no_ckpt_share, model_cluster),
@@ -193,19 +202,19 @@ def main() -> None:
                                                             gaps_hold_interpreter=True)),
                     "pairs_gaps_held": (prof, dataclasses.replace(pairs,
                                                                   gaps_hold_interpreter=True)),
-                    # each stage's actions at their seconds measured in place
-                    "in_place_costs": (prof, dataclasses.replace(model_cluster,
-                                                                 in_place_costs=costs)),
-                    "in_place_pairs": (prof, dataclasses.replace(pairs, in_place_costs=costs)),
-                    # what a wait costs, and the checkpoint's extras, measured in place
-                    "idle_costs": (prof, waited_cluster),
-                    "checkpoint_extras": (prof, dataclasses.replace(
-                        model_cluster, checkpoint_extras=tuple(added))),
-                    "idle_pairs": (prof, dataclasses.replace(waited_cluster,
-                                                             thread_pairs=True)),
+                    "in_place_costs": (prof, placed),
+                    "in_place_pairs": (prof, dataclasses.replace(placed, thread_pairs=True)),
+                    # without what a wait costs, without the checkpoint's extras, without
+                    # both (the prediction before 2026-11-26 23:30)
+                    "no_idle_costs": (prof, dataclasses.replace(model_cluster, idle_costs=())),
+                    "no_checkpoint_extras": (prof, dataclasses.replace(
+                        model_cluster, checkpoint_extras=())),
+                    "no_in_place": (prof, read),
                     # the overheads of the reading before the grid alone
-                    "unbracketed": (prof, bracketed(cluster, [cluster.host_contention],
-                                                    gaps[-2:-1], in_action[-2:-1]))}
+                    "unbracketed": (prof, dataclasses.replace(
+                        bracketed(cluster, [cluster.host_contention], gaps[-2:-1],
+                                  in_action[-2:-1]),
+                        idle_costs=tuple(waits), checkpoint_extras=tuple(added)))}
         table = predicted_against(prof, plans, model_cluster, measured, name, variants)
         save_measured_actions(actions_path, name, plans, measured)
         tables.append(table)
@@ -228,9 +237,9 @@ def main() -> None:
                        ("unbracketed", "with the overheads read before each grid alone"),
                        ("in_place_costs", "with each stage's costs measured in place"),
                        ("in_place_pairs", "with the in-place costs and the pairs"),
-                       ("idle_costs", "with the idle costs and checkpoint extras in place"),
-                       ("checkpoint_extras", "with the checkpoint extras in place alone"),
-                       ("idle_pairs", "with the idle costs, extras and the pairs")):
+                       ("no_idle_costs", "without what a wait costs"),
+                       ("no_checkpoint_extras", "without the checkpoint's extras"),
+                       ("no_in_place", "without either (the prediction before 23:30)")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]
@@ -244,9 +253,9 @@ def main() -> None:
           f"{err['max_abs_error_pct']:.1f}%")
     summary["gap_readings"] = gaps
     summary["in_action_readings"] = in_action  # seconds
-    # (under their own keys: the default prediction does not charge them yet)
-    summary["idle_costs_in_place"] = idle
-    summary["checkpoint_extras_in_place"] = extras
+    # (where validate.py keeps its own: --repredict and grid_history read them)
+    summary["idle_costs"] = idle
+    summary["checkpoint_extras"] = extras
     write_results("validation_threads", table, {**machine(), "summary": summary,
                                                 "cluster": cluster.to_dict(),
                                                 "models": MODELS, "torch": torch.__version__})

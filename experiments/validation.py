@@ -380,10 +380,14 @@ def saved_grid(folder: Path, tag: str = "cpu",
     readings = summary.get("host_contention_readings")
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
+    # (three CPU threads runs of 2026-11-26 23:00-23:18 kept their idle costs and extras
+    # under "..._in_place", before they were the default prediction)
     if idle is None:
-        idle = summary.get(IN_PLACE_KEYS["idle_costs"], {})
+        idle = (summary.get(IN_PLACE_KEYS["idle_costs"])
+                or summary.get(f"{IN_PLACE_KEYS['idle_costs']}_in_place", {}))
     if extras is None:
-        extras = summary.get(IN_PLACE_KEYS["checkpoint_extras"], {})
+        extras = (summary.get(IN_PLACE_KEYS["checkpoint_extras"])
+                  or summary.get(f"{IN_PLACE_KEYS['checkpoint_extras']}_in_place", {}))
     if gaps is None:
         gaps = summary.get(IN_PLACE_KEYS["executor_gaps"], {})
 

@@ -94,8 +94,10 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["run", "--iterations", "0"], "--iterations: must be an integer of at least 1"),
     (["run", "--plan", "nowhere.json"], "nowhere.json: cannot read a plan"),
     (["calibrate", "--stages", "1"], "--stages 1: a pipeline's workers are 2 or more"),
-    (["calibrate", "--transport", "threads", "--idle-costs", "{profile}"],
-     "--idle-costs is for --transport processes"),
+    (["calibrate", "--transport", "threads", "--idle-costs", "{profile}", "--stage-costs",
+      "{profile}"], "--idle-costs and --stage-costs: one or the other"),
+    (["calibrate", "--transport", "threads", "--idle-costs", "{profile}", "--balance", "2,2",
+      "--balance", "1,3"], "--balance 2,2 1,3: --idle-costs measures one balance"),
     (["calibrate", "--transport", "threads", "--pin"], "--pin is for --transport processes"),
     (["calibrate", "--transport", "threads", "--device", "cuda:7"], "--device 'cuda:7'"),
     (["calibrate", "--stage-costs", "{profile}"], "--stage-costs is for --transport threads"),
@@ -189,6 +191,36 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     assert cluster.executor_gap_base_s > 0
     assert sorted((x.first, x.micro_batch, x.checkpointed) for x in cluster.executor_gaps) == [
         (f, b, c) for f in (0, 1) for b in (2, 4) for c in (False, True)]
+    assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
+                 "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
+
+
+def test_calibrate_threads_measures_idle_costs_and_extras_in_this_process(tmp_path, capsys):
+    from pipesim.cluster import Cluster
+
+    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+    prof = tmp_path / "p.csv"
+    assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
+                 "--interpreter", "--out", str(prof)]) == 0
+    out = tmp_path / "cluster.json"
+    assert main(["calibrate", "--transport", "threads", *small, "--idle-costs", str(prof),
+                 "--balance", "1,3", "--batch-size", "4", "--idle-rounds", "1",
+                 "--in-place-rounds", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "each stage in this process" in text and "stage 0 B, seconds more after" in text
+    assert "stage 1 B checkpointed, seconds more than plain" in text
+    cluster = Cluster.load(out)
+    # the stage threads' cluster, with the idle costs read against the profile: both
+    # stages' forwards and the first one's backward, plain and checkpointed, at both sizes
+    assert {d.process for d in cluster.devices} == {"main"}
+    assert {(r.first, r.stop, r.kind, r.checkpointed) for r in cluster.idle_costs} == {
+        (0, 1, k, c) for k in "FB" for c in (False, True)} | {(1, 4, "F", c) for c in (False, True)}
+    assert {r.micro_batch for r in cluster.idle_costs} == {2, 4}
+    assert all(r.profile_s > 0 and r.hot_s > 0 for r in cluster.idle_costs)
+    assert sorted((x.first, x.micro_batch) for x in cluster.checkpoint_extras) == [
+        (0, 2), (0, 4), (1, 2), (1, 4)]
+    # what the simulator reads: a curve from idle 0 for the measured stages
+    assert cluster.idle_cost(0, 1, 2, False, "B")[0][0] == 0.0
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
                  "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
 

@@ -1782,6 +1782,10 @@ def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path
     del older["summary"]["idle_costs"]  # a run from before they were measured
     (tmp_path / "validation_cpu.json").write_text(json.dumps(older))
     assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(without)
+    # three CPU threads runs kept theirs under another key, before they were the default
+    older["summary"]["idle_costs_in_place"] = {"m": curve}
+    (tmp_path / "validation_cpu.json").write_text(json.dumps(older))
+    assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(with_own)
 
 
 def test_a_run_cut_before_its_predictions_is_predicted_from_what_it_measured(tmp_path):
