@@ -13,8 +13,8 @@ can be checked without a GPU:
    and in place, in this process as ``validate.py`` measures them in its ranks: each
    stage's steps at once (``device_stage_costs``), what a wait costs the actions after
    it (the in-process ``executor.in_place.idle_costs``, read against the profile) and
-   what checkpointing adds to a backward (the stage costs before and after the grid,
-   the mean);
+   what checkpointing adds to a backward (from the stage costs), both read before and
+   after the grid, the mean (``idle_before``: the idle costs' reading before alone);
 3. run a grid (2 stages, chunks 1..16, GPipe and 1F1B, never / always) through
    ``executor.pipeline.Pipeline`` (threads, one core each), read the overheads again, and
    predict it with the mean of the readings before and after it (``unbracketed``: the one
@@ -166,7 +166,10 @@ def main() -> None:
         # the mean of the stage costs before and after the grid: the default since
         # 2026-11-26 23:30 (three runs, 29.8 -> 11.6%, 29.2 -> 19.9%, 25.7 -> 15.4% median;
         # most of it the steps at once, the waits' own surcharge within a point or two)
-        waits = with_profile_seconds(waited, prof, read, balance)
+        # (read again after the grid, each figure the mean, as the extras: this VM's pace
+        # moves by up to 2x within ten minutes; the variant idle_before the reading before)
+        waited_after = idle_costs(job, balance, sizes, device="cpu")
+        waits = with_profile_seconds(mean_readings(waited, waited_after), prof, read, balance)
         added = mean_readings(checkpoint_extras_of(in_place[name]), checkpoint_extras_of(
             device_stage_costs(job, balance, sizes, device="cpu")))
         idle[name] = [dataclasses.asdict(row) for row in waits]
@@ -210,6 +213,10 @@ def main() -> None:
                     "no_checkpoint_extras": (prof, dataclasses.replace(
                         model_cluster, checkpoint_extras=())),
                     "no_in_place": (prof, read),
+                    # the idle costs read before the grid alone
+                    "idle_before": (prof, dataclasses.replace(
+                        model_cluster, idle_costs=tuple(with_profile_seconds(
+                            waited, prof, read, balance)))),
                     # the overheads of the reading before the grid alone
                     "unbracketed": (prof, dataclasses.replace(
                         bracketed(cluster, [cluster.host_contention], gaps[-2:-1],
@@ -239,7 +246,8 @@ def main() -> None:
                        ("in_place_pairs", "with the in-place costs and the pairs"),
                        ("no_idle_costs", "without what a wait costs"),
                        ("no_checkpoint_extras", "without the checkpoint's extras"),
-                       ("no_in_place", "without either (the prediction before 23:30)")):
+                       ("no_in_place", "without either (the prediction before 23:30)"),
+                       ("idle_before", "with the idle costs read before the grid alone")):
         out = summary[f"ablation_{name}"]
         print(f"{what}: {out['median_abs_error_pct']:.1f}% / {out['max_abs_error_pct']:.1f}%")
     err = summary["ablation_no_interpreter"]

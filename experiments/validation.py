@@ -36,7 +36,7 @@ from pipesim.trace import Trace, metrics
 
 Measure = Callable[[list[Plan]], list[Trace]]
 #: rows measured in place that the grids bracket: a reading before and after each grid
-Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap, InPlaceCost)
+Reading = TypeVar("Reading", CheckpointExtra, ExecutorGap, InPlaceCost, IdleCost)
 
 
 def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
@@ -565,13 +565,13 @@ def noise_floor(table: pd.DataFrame) -> tuple[float, float] | None:
 
 
 #: the fields of a reading's row that are measured seconds (the others are its key)
-SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s")
+SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s", "hot_s", "after_idle_s")
 
 
 def mean_readings(*readings: list[Reading]) -> list[Reading]:
     """Each row's seconds (:data:`SECONDS_FIELDS`) the mean of the readings that have its
     key (every other field: span, size, mode), for rows such as CheckpointExtra,
-    ExecutorGap and InPlaceCost."""
+    ExecutorGap, InPlaceCost and IdleCost."""
     values: dict[Reading, list[Reading]] = {}
     for reading in readings:
         for x in reading:
