@@ -399,6 +399,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.device != "cpu":
             raise UserError(f"--device {args.device}: the processes transport runs on the CPU "
                             "(stages on a GPU: --transport threads)")
+    if args.balance and not (args.idle_costs or args.stage_costs):
+        raise UserError(f"--balance {' '.join(args.balance)}: the balance measured in place, "
+                        "with --idle-costs or --stage-costs PROFILE")
     if args.idle_costs and args.balance and (len(args.balance) > 1
                                              or args.balance[0] == "tuned"):
         raise UserError(f"--balance {' '.join(args.balance)}: --idle-costs measures one "
@@ -524,8 +527,8 @@ def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile:
     balance in ``balances`` and what checkpointing adds to its backward, both measured in
     this process (:func:`executor.in_place.idle_costs` with ``device``, the checkpoint's
     extras from :func:`executor.in_place.device_stage_costs`), the idle costs read against
-    ``profile``.  On this project's VM they took the CPU threads grid from 29.8, 29.2 and
-    25.7% median error to 11.6, 19.9 and 15.4% (2026-11-26, ``validate_threads.py``)."""
+    ``profile``.  On this project's VM they took the CPU threads grid from 14.8-29.8% median
+    error to 7.9-19.9% in five runs (2026-11-26, ``validate_threads.py``)."""
     from executor.in_place import (
         IDLE_SIZES,
         checkpoint_extras_of,

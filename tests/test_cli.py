@@ -98,6 +98,7 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
       "{profile}"], "--idle-costs and --stage-costs: one or the other"),
     (["calibrate", "--transport", "threads", "--idle-costs", "{profile}", "--balance", "2,2",
       "--balance", "1,3"], "--balance 2,2 1,3: --idle-costs measures one balance"),
+    (["calibrate", "--balance", "2,2"], "--balance 2,2: the balance measured in place"),
     (["calibrate", "--transport", "threads", "--pin"], "--pin is for --transport processes"),
     (["calibrate", "--transport", "threads", "--device", "cuda:7"], "--device 'cuda:7'"),
     (["calibrate", "--stage-costs", "{profile}"], "--stage-costs is for --transport threads"),
