@@ -163,11 +163,10 @@ def main() -> None:
         read = bracketed(cluster, [cluster.host_contention], gaps[-2:], in_action[-2:])
         # what a wait costs, read against the profile (its regime against the stage's
         # steps at once, measured in place minutes after it), and the checkpoint's extras,
-        # the mean of the stage costs before and after the grid: the default since
-        # 2026-11-26 23:30 (three runs, 29.8 -> 11.6%, 29.2 -> 19.9%, 25.7 -> 15.4% median;
-        # most of it the steps at once, the waits' own surcharge within a point or two)
-        # (read again after the grid, each figure the mean, as the extras: this VM's pace
-        # moves by up to 2x within ten minutes; the variant idle_before the reading before)
+        # each the mean of a reading before and after the grid (this VM's pace moves by up
+        # to 2x within ten minutes): the default since 2026-11-26 23:30, five runs 14.8-29.8%
+        # -> 7.9-19.9% median, most of it the steps at once, the waits' own surcharge
+        # within a point or two (experiments/README.md)
         waited_after = idle_costs(job, balance, sizes, device="cpu")
         waits = with_profile_seconds(mean_readings(waited, waited_after), prof, read, balance)
         added = mean_readings(checkpoint_extras_of(in_place[name]), checkpoint_extras_of(
