@@ -26,8 +26,13 @@ from pipesim.cli import (
 )
 
 if TYPE_CHECKING:
-    from pipesim.cluster import CheckpointExtra, Cluster, IdleCost
+    from typing import TypeVar
+
+    from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
     from pipesim.profile import Profile
+
+    #: rows measured in place for a span of layers
+    Spanned = TypeVar("Spanned", IdleCost, CheckpointExtra, ExecutorGap)
 
 
 def torch_dtype(name: str):
@@ -402,10 +407,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if args.balance and not (args.idle_costs or args.stage_costs):
         raise UserError(f"--balance {' '.join(args.balance)}: the balance measured in place, "
                         "with --idle-costs or --stage-costs PROFILE")
-    if args.idle_costs and args.balance and (len(args.balance) > 1
-                                             or args.balance[0] == "tuned"):
-        raise UserError(f"--balance {' '.join(args.balance)}: --idle-costs measures one "
-                        "balance (minutes each)")
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     calibrate = _calibrate_threads if args.transport == "threads" else _calibrate_processes
@@ -466,8 +467,8 @@ def _calibrate_threads(args: argparse.Namespace) -> Cluster:
 
 def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     """Links, the executor's overheads and the host contention of ``--stages`` CPU
-    processes and, with ``--idle-costs PROFILE``, what a wait costs each stage of one
-    balance (:func:`executor.in_place.idle_costs`), read against that profile, what
+    processes and, with ``--idle-costs PROFILE``, what a wait costs each stage of each
+    ``--balance`` (:func:`executor.in_place.idle_costs`), read against that profile, what
     checkpointing adds to each stage's backward (:func:`executor.in_place.
     checkpoint_extras`) and its own executor seconds between actions
     (:class:`pipesim.cluster.ExecutorGap`)."""
@@ -491,39 +492,46 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
           f"contention {cluster.host_contention:.2f}", flush=True)
     if inputs is None:
         return cluster
-    profile, (balance,), job, sizes = inputs
-    print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} samples "
-          f"({'every rank at once' if args.idle_at_once else 'one rank at a time'}) ...",
-          flush=True)
-    rows = idle_costs(job, balance, sizes, rounds=args.idle_rounds, threads=args.threads,
-                      pin_cores=args.pin, at_once=args.idle_at_once)
-    rows = with_profile_seconds(rows, profile, cluster, balance)
-    cluster = dataclasses.replace(cluster, idle_costs=tuple(rows))
-    _print_idle_costs(rows, balance)
-    # and what checkpointing adds to each stage's backward, where no idle curve reads
-    # it in place (the last stage's), and each stage's own executor seconds between
-    # actions: one in-place measurement of the stages
-    stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
-    extras = checkpoint_extras_of(stages)
-    # (read against the calibration pipeline's own, which calibrate_cpu measures)
+    profile, balances, job, sizes = inputs
+    # (each stage's executor seconds read against the calibration pipeline's own, which
+    # calibrate_cpu measures)
     base = cluster.executor_gap_base_s or calibration_executor_gap(pin_cores=args.pin)
-    cluster = dataclasses.replace(cluster, checkpoint_extras=tuple(extras),
-                                  executor_gaps=tuple(executor_gaps_of(stages)),
-                                  executor_gap_base_s=base)
-    _print_checkpoint_extras(extras, balance)
-    firsts = [sum(balance[:i]) for i in range(len(balance))]
-    print("  executor's own seconds around an action (calibration pipeline's "
-          f"{cluster.executor_gap_base_s * 1e3:.3f} ms): " + "  ".join(
-              f"stage {firsts.index(x.first)} {x.micro_batch} samples "
-              f"{x.seconds * 1e3:.3f} ms" for x in cluster.executor_gaps if not x.checkpointed))
-    print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
-    return cluster
+    waits: list[IdleCost] = []
+    extras: list[CheckpointExtra] = []
+    gaps: list[ExecutorGap] = []
+    for balance in balances:
+        print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} "
+              f"samples ({'every rank at once' if args.idle_at_once else 'one rank at a time'})"
+              " ...", flush=True)
+        rows = with_profile_seconds(idle_costs(job, balance, sizes, rounds=args.idle_rounds,
+                                               threads=args.threads, pin_cores=args.pin,
+                                               at_once=args.idle_at_once),
+                                    profile, cluster, balance)
+        _print_idle_costs(rows, balance)
+        # and what checkpointing adds to each stage's backward, where no idle curve reads
+        # it in place (the last stage's), and each stage's own executor seconds between
+        # actions: one in-place measurement of the stages
+        stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
+        added, own = checkpoint_extras_of(stages), executor_gaps_of(stages)
+        _print_checkpoint_extras(added, balance)
+        firsts = [sum(balance[:i]) for i in range(len(balance))]
+        print(f"  executor's own seconds around an action (calibration pipeline's "
+              f"{base * 1e3:.3f} ms): " + "  ".join(
+                  f"stage {firsts.index(x.first)} {x.micro_batch} samples "
+                  f"{x.seconds * 1e3:.3f} ms" for x in own if not x.checkpointed))
+        waits += _unmeasured(rows, waits)
+        extras += _unmeasured(added, extras)
+        gaps += _unmeasured(own, gaps)
+    listed = ", ".join(str(list(b)) for b in balances)
+    print(f"  (plans of balance {listed} pay them; other balances predict without)")
+    return dataclasses.replace(cluster, idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
+                               executor_gaps=tuple(gaps), executor_gap_base_s=base)
 
 
 def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile: Profile,
                             balances: list[list[int]], job: Callable,
                             sizes: list[int]) -> Cluster:
-    """``cluster`` (stage threads on the CPU) with what a wait costs each stage of the one
+    """``cluster`` (stage threads on the CPU) with what a wait costs each stage of each
     balance in ``balances`` and what checkpointing adds to its backward, both measured in
     this process (:func:`executor.in_place.idle_costs` with ``device``, the checkpoint's
     extras from :func:`executor.in_place.device_stage_costs`), the idle costs read against
@@ -538,17 +546,29 @@ def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile:
     )
     from pipesim.costs import with_profile_seconds
 
-    (balance,) = balances
-    print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} samples, "
-          f"each stage in this process ...", flush=True)
-    rows = with_profile_seconds(idle_costs(job, balance, sizes, rounds=args.idle_rounds,
-                                           device=args.device), profile, cluster, balance)
-    _print_idle_costs(rows, balance)
-    extras = checkpoint_extras_of(device_stage_costs(job, balance, sizes, device=args.device,
-                                                     rounds=args.in_place_rounds))
-    _print_checkpoint_extras(extras, balance)
-    print(f"  (plans of balance {list(balance)} pay them; other balances predict without)")
-    return dataclasses.replace(cluster, idle_costs=tuple(rows), checkpoint_extras=tuple(extras))
+    waits: list[IdleCost] = []
+    extras: list[CheckpointExtra] = []
+    for balance in balances:
+        print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} "
+              "samples, each stage in this process ...", flush=True)
+        rows = with_profile_seconds(idle_costs(job, balance, sizes, rounds=args.idle_rounds,
+                                               device=args.device), profile, cluster, balance)
+        _print_idle_costs(rows, balance)
+        added = checkpoint_extras_of(device_stage_costs(job, balance, sizes, device=args.device,
+                                                        rounds=args.in_place_rounds))
+        _print_checkpoint_extras(added, balance)
+        waits += _unmeasured(rows, waits)
+        extras += _unmeasured(added, extras)
+    listed = ", ".join(str(list(b)) for b in balances)
+    print(f"  (plans of balance {listed} pay them; other balances predict without)")
+    return dataclasses.replace(cluster, idle_costs=tuple(waits), checkpoint_extras=tuple(extras))
+
+
+def _unmeasured(rows: Sequence[Spanned], have: Sequence[Spanned]) -> list[Spanned]:
+    """``rows`` of the layer spans none of ``have`` is of: a stage two balances share
+    (``--balance tuned``) keeps its first balance's reading."""
+    spans = {(x.first, x.stop) for x in have}
+    return [x for x in rows if (x.first, x.stop) not in spans]
 
 
 def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
@@ -610,8 +630,9 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
                    "profile --device ...`); plans of that balance cost what was measured")
     p.add_argument("--balance", action="append", metavar="BALANCE",
                    help="the balance whose stages are measured in place (default: "
-                   "time-balanced from the profile); threads: repeat it for several, or "
-                   "`tuned` for every balance `pipesim tune` tries at --batch-size")
+                   "time-balanced from the profile); repeat it for several, or `tuned` for "
+                   "every balance `pipesim tune` tries at --batch-size (its candidates then "
+                   "priced alike)")
     p.add_argument("--batch-size", type=positive_int, default=32,
                    help="samples per iteration: the largest micro-batch measured in place "
                    "(default 32)")

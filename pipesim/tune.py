@@ -58,6 +58,29 @@ def _priced_in_place(plan: Plan, cluster: Cluster) -> bool:
                for mode in modes)
 
 
+def _priced_after_waits(plan: Plan, cluster: Cluster) -> bool:
+    """Whether every stage of ``plan`` has its idle costs measured
+    (:attr:`pipesim.cluster.Cluster.idle_costs`, its forward's in each checkpoint mode the
+    plan uses): read against the profile, they also carry each stage's pace in place, so a
+    plan with them and one without are priced by two rulers."""
+    size = plan.micro_batch_sizes[0]
+    modes = {plan.checkpointed(m) for m in range(plan.n_microbatches)}
+    return all(cluster.idle_cost(layers.start, layers.stop, size, mode, "F")
+               for layers in (plan.stage_layers(s) for s in range(plan.n_stages))
+               for mode in modes)
+
+
+def _warn_of_two_rulers(table: pd.DataFrame, column: str, what: str) -> None:
+    """Warn where some candidates, not all, are priced by measurements in place
+    (``table[column]`` true) and the others by the profile alone."""
+    if column in table and 0 < table[column].sum() < len(table):
+        warnings.warn(
+            f"tune: {int(table[column].sum())} of {len(table)} candidates have {what}, the "
+            "others are priced by the profile: two rulers, whose ranking favours whichever "
+            "reads cheaper; measure every balance the tuner tries, or none (see the table's "
+            f"'{column}' column)", stacklevel=3)
+
+
 def stage_balance(profile: Profile, n_stages: int, micro_batch: float, checkpoint: str,
                   cluster: Cluster | None = None, method: str = "minmax") -> list[int]:
     """Balance for ``n_stages`` at ``micro_batch`` samples (``minmax`` exact, or ``block``)."""
@@ -195,15 +218,15 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                                  "reserved_bytes": max(reserved.values(), default=math.nan),
                                  "fits": fits, "from_partition": balance == base,
                                  **({"in_place": _priced_in_place(plan, cluster)}
-                                    if cluster.in_place_costs else {})})
+                                    if cluster.in_place_costs else {}),
+                                 **({"idle_costs": _priced_after_waits(plan, cluster)}
+                                    if cluster.idle_costs else {})})
     bar.close()
     table = pd.DataFrame(rows)
-    if cluster.in_place_costs and 0 < table["in_place"].sum() < len(table):
-        warnings.warn(
-            f"tune: {int(table['in_place'].sum())} of {len(table)} candidates have every stage "
-            "measured in place (cluster.in_place_costs), the others are priced by the profile: "
-            "two rulers, whose ranking favours whichever reads cheaper; measure every balance "
-            "the tuner tries, or none (see the table's 'in_place' column)", stacklevel=2)
+    _warn_of_two_rulers(table, "in_place",
+                        "every stage measured in place (cluster.in_place_costs)")
+    _warn_of_two_rulers(table, "idle_costs", "every stage's idle costs measured (cluster."
+                        "idle_costs; `pipesim calibrate --idle-costs PROFILE --balance tuned`)")
     fitting = table[table["fits"]].sort_values(["throughput", "peak_bytes"],
                                                ascending=[False, True])
     if fitting.empty:

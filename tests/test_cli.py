@@ -96,15 +96,11 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["calibrate", "--stages", "1"], "--stages 1: a pipeline's workers are 2 or more"),
     (["calibrate", "--transport", "threads", "--idle-costs", "{profile}", "--stage-costs",
       "{profile}"], "--idle-costs and --stage-costs: one or the other"),
-    (["calibrate", "--transport", "threads", "--idle-costs", "{profile}", "--balance", "2,2",
-      "--balance", "1,3"], "--balance 2,2 1,3: --idle-costs measures one balance"),
     (["calibrate", "--balance", "2,2"], "--balance 2,2: the balance measured in place"),
     (["calibrate", "--transport", "threads", "--pin"], "--pin is for --transport processes"),
     (["calibrate", "--transport", "threads", "--device", "cuda:7"], "--device 'cuda:7'"),
     (["calibrate", "--stage-costs", "{profile}"], "--stage-costs is for --transport threads"),
     (["calibrate", "--device", "cuda"], "the processes transport runs on the CPU"),
-    (["calibrate", "--idle-costs", "{profile}", "--balance", "2,2", "--balance", "1,3"],
-     "--balance 2,2 1,3: --idle-costs measures one balance"),
     (["calibrate", "--transport", "threads", "--stage-costs", "{profile}", "--balance", "2,2",
       "--balance", "1,1,2"], "--balance 1,1,2 has 3 stages, --stages is 2"),
     (["calibrate", "--transport", "threads", "--stage-costs", "nowhere.csv"],
@@ -204,22 +200,27 @@ def test_calibrate_threads_measures_idle_costs_and_extras_in_this_process(tmp_pa
     assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
                  "--interpreter", "--out", str(prof)]) == 0
     out = tmp_path / "cluster.json"
+    # two balances (the tuner's candidates should all be priced alike: pipesim.tune)
     assert main(["calibrate", "--transport", "threads", *small, "--idle-costs", str(prof),
-                 "--balance", "1,3", "--batch-size", "4", "--idle-rounds", "1",
-                 "--in-place-rounds", "1", "--out", str(out)]) == 0
+                 "--balance", "1,3", "--balance", "2,2", "--batch-size", "4",
+                 "--idle-rounds", "1", "--in-place-rounds", "1", "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "each stage in this process" in text and "stage 0 B, seconds more after" in text
     assert "stage 1 B checkpointed, seconds more than plain" in text
+    assert "plans of balance [1, 3], [2, 2] pay them" in text
     cluster = Cluster.load(out)
     # the stage threads' cluster, with the idle costs read against the profile: both
-    # stages' forwards and the first one's backward, plain and checkpointed, at both sizes
+    # stages' forwards and the first one's backward, plain and checkpointed, at both
+    # sizes, for each balance
     assert {d.process for d in cluster.devices} == {"main"}
     assert {(r.first, r.stop, r.kind, r.checkpointed) for r in cluster.idle_costs} == {
-        (0, 1, k, c) for k in "FB" for c in (False, True)} | {(1, 4, "F", c) for c in (False, True)}
+        (first, stop, kind, c) for first, stop, kinds in ((0, 1, "FB"), (1, 4, "F"),
+                                                          (0, 2, "FB"), (2, 4, "F"))
+        for kind in kinds for c in (False, True)}
     assert {r.micro_batch for r in cluster.idle_costs} == {2, 4}
     assert all(r.profile_s > 0 and r.hot_s > 0 for r in cluster.idle_costs)
-    assert sorted((x.first, x.micro_batch) for x in cluster.checkpoint_extras) == [
-        (0, 2), (0, 4), (1, 2), (1, 4)]
+    assert sorted((x.first, x.stop, x.micro_batch) for x in cluster.checkpoint_extras) == [
+        (0, 1, 2), (0, 1, 4), (0, 2, 2), (0, 2, 4), (1, 4, 2), (1, 4, 4), (2, 4, 2), (2, 4, 4)]
     # what the simulator reads: a curve from idle 0 for the measured stages
     assert cluster.idle_cost(0, 1, 2, False, "B")[0][0] == 0.0
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
@@ -231,6 +232,7 @@ def test_calibrate_threads_measures_each_stage_of_each_balance_in_place(tmp_path
     from pipesim.cluster import Cluster
     from pipesim.profile import Profile
     from pipesim.simulator import simulate
+    from pipesim.tune import tuned_balances
 
     small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
     prof = tmp_path / "p.csv"
@@ -252,13 +254,18 @@ def test_calibrate_threads_measures_each_stage_of_each_balance_in_place(tmp_path
     assert "warning" not in captured.err  # the profile has what stage threads need
     assert "calibrating 2 threads on cpu" in text and "ms between actions" in text
     assert "stage 1 4 samples checkpointed: forward" in text
-    assert "plans of balance [2, 2], [1, 3], [3, 1] cost what was measured" in text
+    # (which balances the tuner tries follows the profile: a tiny model's noisy one can
+    # make [1, 3] or [3, 1] the partition, and its neighbours differ)
+    tried = tuned_balances(profile, 2, 4)
+    tried += [[1, 3]] if [1, 3] not in tried else []
+    listed = ", ".join(str(b) for b in tried)
+    assert f"plans of balance {listed} cost what was measured" in text
     cluster = Cluster.load(out)
     # threads of one process, each on a core, with the overheads measured
     assert {d.process for d in cluster.devices} == {"main"} and cluster.action_gap_s > 0
     # every stage of each balance, plain and checkpointed, at both sizes
-    assert sorted({(x.first, x.stop) for x in cluster.in_place_costs}) == [
-        (0, 1), (0, 2), (0, 3), (1, 4), (2, 4), (3, 4)]
+    assert {(x.first, x.stop) for x in cluster.in_place_costs} == {
+        span for b in tried for span in ((0, b[0]), (b[0], 4))}
     assert {(x.micro_batch, x.checkpointed) for x in cluster.in_place_costs} == {
         (b, c) for b in (2, 4) for c in (False, True)}
     assert all(x.fwd_s > 0 and x.bwd_s > 0 for x in cluster.in_place_costs)

@@ -112,6 +112,36 @@ def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
         assert "in_place" not in tuned(Cluster(two)).table
 
 
+def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
+    import warnings
+
+    from pipesim.cluster import IdleCost
+
+    prof = uniform_profile(4)
+    two = [Device("a"), Device("b")]
+
+    def tuned(cluster: Cluster):
+        return tune(prof, 2, 8, memory_budget=1e12, cluster=cluster, chunks=[2],
+                    checkpoints=["never"], schedules=["gpipe"], progress=False)
+
+    def waits(spans):  # what a 1 ms wait costs each span's forward and backward
+        return tuple(IdleCost(first, stop, 4, False, 0.001, 1e-4, kind)
+                     for first, stop in spans for kind in "FB")
+
+    # the idle costs of [2,2] measured (calibrate --idle-costs one balance), not the
+    # neighbours': read against the profile, they re-price [2,2] alone
+    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage's idle "
+                                         r"costs measured .* two rulers"):
+        result = tuned(Cluster(two, idle_costs=waits(((0, 2), (2, 4)))))
+    assert result.table.set_index("balance")["idle_costs"].to_dict() == {
+        "2,2": True, "1,3": False, "3,1": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        every = waits(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
+        assert tuned(Cluster(two, idle_costs=every)).table["idle_costs"].all()
+        assert "idle_costs" not in tuned(Cluster(two)).table
+
+
 def test_tuned_balances_are_every_balance_the_tuner_tries_one_stage_a_device():
     from pipesim.tune import tuned_balances
 
