@@ -536,7 +536,7 @@ def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile:
     this process (:func:`executor.in_place.idle_costs` with ``device``, the checkpoint's
     extras from :func:`executor.in_place.device_stage_costs`), the idle costs read against
     ``profile``.  On this project's VM they took the CPU threads grid from 14.8-29.8% median
-    error to 7.9-19.9% in five runs (2026-11-26, ``validate_threads.py``)."""
+    error to 7.9-19.9% in six runs (2026-11-26, ``validate_threads.py``)."""
     from executor.in_place import (
         IDLE_SIZES,
         checkpoint_extras_of,

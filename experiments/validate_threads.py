@@ -164,7 +164,7 @@ def main() -> None:
         # what a wait costs, read against the profile (its regime against the stage's
         # steps at once, measured in place minutes after it), and the checkpoint's extras,
         # each the mean of a reading before and after the grid (this VM's pace moves by up
-        # to 2x within ten minutes): the default since 2026-11-26 23:30, five runs 14.8-29.8%
+        # to 2x within ten minutes): the default since 2026-11-26 23:30, six runs 14.8-29.8%
         # -> 7.9-19.9% median, most of it the steps at once, the waits' own surcharge
         # within a point or two (experiments/README.md)
         waited_after = idle_costs(job, balance, sizes, device="cpu")
