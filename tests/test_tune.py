@@ -83,24 +83,26 @@ def test_a_budget_near_1f1b_memory_rules_out_zb_h2():
     assert best.schedule == "zb-h1"
 
 
+def _tuned_2x2(cluster: Cluster):
+    """Four uniform layers on two devices at 2 micro-batches: the partition [2,2] and its
+    neighbours [1,3] and [3,1] are the candidates."""
+    return tune(uniform_profile(4), 2, 8, memory_budget=1e12, cluster=cluster, chunks=[2],
+                checkpoints=["never"], schedules=["gpipe"], progress=False)
+
+
 def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
     import warnings
 
     from pipesim.cluster import InPlaceCost
 
-    prof = uniform_profile(4)
     two = [Device("a"), Device("b")]
-
-    def tuned(cluster: Cluster):
-        return tune(prof, 2, 8, memory_budget=1e12, cluster=cluster, chunks=[2],
-                    checkpoints=["never"], schedules=["gpipe"], progress=False)
 
     # the partition [2,2] measured in place, its neighbours [1,3] and [3,1] not
     measured = tuple(InPlaceCost(first, stop, 4, False, 1.0, 2.0)
                      for first, stop in ((0, 2), (2, 4)))
     with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage measured "
                                          r"in place .* two rulers"):
-        result = tuned(Cluster(two, in_place_costs=measured))
+        result = _tuned_2x2(Cluster(two, in_place_costs=measured))
     assert result.table.set_index("balance")["in_place"].to_dict() == {
         "2,2": True, "1,3": False, "3,1": False}
     # every candidate measured, or none: one ruler, no warning
@@ -108,8 +110,8 @@ def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
                   for first, stop in ((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert tuned(Cluster(two, in_place_costs=every)).table["in_place"].all()
-        assert "in_place" not in tuned(Cluster(two)).table
+        assert _tuned_2x2(Cluster(two, in_place_costs=every)).table["in_place"].all()
+        assert "in_place" not in _tuned_2x2(Cluster(two)).table
 
 
 def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
@@ -117,12 +119,7 @@ def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
 
     from pipesim.cluster import IdleCost
 
-    prof = uniform_profile(4)
     two = [Device("a"), Device("b")]
-
-    def tuned(cluster: Cluster):
-        return tune(prof, 2, 8, memory_budget=1e12, cluster=cluster, chunks=[2],
-                    checkpoints=["never"], schedules=["gpipe"], progress=False)
 
     def waits(spans):  # what a 1 ms wait costs each span's forward and backward
         return tuple(IdleCost(first, stop, 4, False, 0.001, 1e-4, kind)
@@ -132,14 +129,14 @@ def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
     # neighbours': read against the profile, they re-price [2,2] alone
     with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage's idle "
                                          r"costs measured .* two rulers"):
-        result = tuned(Cluster(two, idle_costs=waits(((0, 2), (2, 4)))))
+        result = _tuned_2x2(Cluster(two, idle_costs=waits(((0, 2), (2, 4)))))
     assert result.table.set_index("balance")["idle_costs"].to_dict() == {
         "2,2": True, "1,3": False, "3,1": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         every = waits(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
-        assert tuned(Cluster(two, idle_costs=every)).table["idle_costs"].all()
-        assert "idle_costs" not in tuned(Cluster(two)).table
+        assert _tuned_2x2(Cluster(two, idle_costs=every)).table["idle_costs"].all()
+        assert "idle_costs" not in _tuned_2x2(Cluster(two)).table
 
 
 def test_tuned_balances_are_every_balance_the_tuner_tries_one_stage_a_device():
