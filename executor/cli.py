@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from typing import TypeVar
 
     from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
+    from pipesim.plan import Plan
     from pipesim.profile import Profile
 
     #: rows measured in place for a span of layers
@@ -188,6 +189,25 @@ def default_cluster(transport: str, device: str) -> str:
     return "cpu-threads" if device.split(":")[0] == "cpu" else "shared-gpu"
 
 
+def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
+    """Where ``run`` predicted with a preset (rough overheads, nothing of this machine's
+    pace): the ``calibrate`` command that measures this machine's cluster for the plan's
+    balance, its stages in place (idle costs on the CPU, stage costs on a GPU)."""
+    on_gpu = args.transport == "threads" and args.device.split(":")[0] != "cpu"
+    how = (f" --transport threads --device {args.device} --stage-costs" if on_gpu else
+           (" --transport threads" if args.transport == "threads" else "") + " --idle-costs")
+    model = f" --model {args.model}" + "".join(f" --set {kv}" for kv in args.set or ())
+    model += f" --dtype {args.dtype}" if args.dtype != "float32" else ""
+    # (an interleaved plan's balance is of its virtual stages: calibrate measures one
+    # stage a worker, the profile's time-balanced split by default)
+    layout = f" --stages {plan.n_devices}" if plan.n_devices != 2 else ""
+    if len(plan.balance) == plan.n_devices:
+        layout += f" --balance {','.join(map(str, plan.balance))}"
+    return (f"(predicted with the {default_cluster(args.transport, args.device)} preset; "
+            f"this machine's: `pipesim calibrate{how} {args.profile}{model}{layout} "
+            f"--batch-size {plan.batch_size}`, then --cluster)")
+
+
 def threads_profile_warning(profile: Profile, path: str, device: str, stages: int
                             ) -> str | None:
     """What a profile at ``path`` lacks for predicting ``stages`` stage threads on
@@ -289,6 +309,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
         cmp = compare(predicted, result.trace)
         print(f"compare   {cmp.summary()}")
+        if not args.cluster:
+            print(f"          {_calibrate_hint(args, plan)}")
         gantt_pair(predicted, result.trace, plan.label()).savefig(out / "compare.png", dpi=110)
         memory_pair(predicted, result.trace, plan.label()).savefig(out / "compare_memory.png",
                                                                    dpi=110)

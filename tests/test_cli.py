@@ -138,6 +138,10 @@ def test_run_with_profile_compares(tmp_path, capsys):
     captured = capsys.readouterr()
     text = captured.out
     assert "measured  iteration" in text and "compare   iteration" in text
+    # predicted by a preset: the command that measures this machine's, for this plan
+    assert ("predicted with the cpu-threads preset; this machine's: `pipesim calibrate "
+            f"--transport threads --idle-costs {prof_out} --model mlp --set width=16 --set "
+            "depth=3 --set in_features=8 --balance 2,2 --batch-size 8`") in text
     # stage threads on the CPU, a profile without the interpreter's shares: said, not hidden
     assert "has no interpreter shares" in captured.err and "--interpreter" in captured.err
     assert (out / "compare.png").exists() and (out / "measured_actions.csv").exists()
