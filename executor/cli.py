@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pipesim.balance import stage_firsts
 from pipesim.cli import (
     UserError,
     build_parser,
@@ -473,7 +474,7 @@ def _calibrate_threads(args: argparse.Namespace) -> Cluster:
         measured = device_stage_costs(job, balance, sizes, device=args.device,
                                       rounds=args.in_place_rounds)
         rows += measured
-        firsts = [sum(balance[:i]) for i in range(len(balance))]
+        firsts = stage_firsts(balance)
         for r in sorted(measured, key=lambda r: (r["first"], r["checkpointed"],
                                                  r["micro_batch"])):
             alone = profile_seconds(profile, cluster, list(balance), r["micro_batch"],
@@ -536,7 +537,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
         stages = stage_costs(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
         added, own = checkpoint_extras_of(stages), executor_gaps_of(stages)
         _print_checkpoint_extras(added, balance)
-        firsts = [sum(balance[:i]) for i in range(len(balance))]
+        firsts = stage_firsts(balance)
         print(f"  executor's own seconds around an action (calibration pipeline's "
               f"{base * 1e3:.3f} ms): " + "  ".join(
                   f"stage {firsts.index(x.first)} {x.micro_batch} samples "
@@ -595,7 +596,7 @@ def _unmeasured(rows: Sequence[Spanned], have: Sequence[Spanned]) -> list[Spanne
 
 def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
     """Each stage's and action's seconds more after each idle (the median over sizes)."""
-    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    firsts = stage_firsts(balance)
     spans = _grouped(rows, lambda r: (r.first, r.kind, r.checkpointed))
     for (first, kind, ckpt), part in sorted(spans.items()):
         extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
@@ -606,7 +607,7 @@ def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
 
 def _print_checkpoint_extras(extras: Sequence[CheckpointExtra], balance: list[int]) -> None:
     """What checkpointing adds to each stage's backward, per size."""
-    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    firsts = stage_firsts(balance)
     for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
         print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
               + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"

@@ -50,6 +50,7 @@ from experiments.action_costs import beside_shares, overlap_class, parse_plan
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
+from pipesim.balance import stage_firsts
 from pipesim.cluster import Cluster
 from pipesim.costs import with_profile_seconds
 from pipesim.profile import Profile
@@ -160,7 +161,7 @@ def main() -> None:
         for balance in balances:
             rows_of = with_profile_seconds(measured[tuple(balance)], prof, cluster, balance)
             found[name] += [dataclasses.asdict(x) for x in rows_of]
-            firsts = [sum(balance[:i]) for i in range(len(balance))]
+            firsts = stage_firsts(balance)
             for r in rows_of:
                 rows.append({"model": name, "balance": ",".join(map(str, balance)),
                              "stage": firsts.index(r.first), **dataclasses.asdict(r)})

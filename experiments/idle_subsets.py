@@ -77,15 +77,13 @@ def subset_rows(rows: list[dict], sizes: tuple[int, ...] | None,
     kind's, mode's and idle's ``after_idle_s - hot_s``."""
     kept = [r for r in rows if (sizes is None or r["micro_batch"] in sizes)
             and (idles is None or any(np.isclose(r["idle_s"], i) for i in idles))]
+    def curve(r: dict) -> tuple:  # a stage's, kind's, mode's and idle's readings
+        return r["first"], r["stop"], r["kind"], r["checkpointed"], r["idle_s"]
+
     groups: dict[tuple, list[float]] = {}
     for r in kept:
-        key = (r["first"], r["stop"], r["kind"], r["checkpointed"], r["idle_s"])
-        groups.setdefault(key, []).append(r["after_idle_s"] - r["hot_s"])
-    out = []
-    for r in kept:
-        key = (r["first"], r["stop"], r["kind"], r["checkpointed"], r["idle_s"])
-        out.append({**r, "seconds": statistics.median(groups[key])})
-    return out
+        groups.setdefault(curve(r), []).append(r["after_idle_s"] - r["hot_s"])
+    return [{**r, "seconds": statistics.median(groups[curve(r)])} for r in kept]
 
 
 def main() -> None:

@@ -51,6 +51,7 @@ from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.in_place_contention import layouts
 from experiments.validate import BATCH, MODELS
+from pipesim.balance import stage_firsts
 from pipesim.cluster import Cluster
 from pipesim.costs import profile_seconds
 from pipesim.profile import Profile
@@ -78,7 +79,7 @@ def main() -> None:
             t0 = time.perf_counter()
             measured = stage_costs(job, balance, sizes, rounds=args.rounds)
             print(f"{name} {balance} ({time.perf_counter() - t0:.0f} s)", flush=True)
-            stage_of = {first: s for s, first in enumerate(_firsts(balance))}
+            stage_of = {first: s for s, first in enumerate(stage_firsts(balance))}
             # the simulator's seconds, once per size and mode (every stage at once)
             alone = {(b, ckpt): profile_seconds(profile, cluster, balance, b, ckpt)
                      for b in sizes for ckpt in (False, True)}
@@ -126,8 +127,6 @@ def main() -> None:
     print(f"wrote {path}")
 
 
-def _firsts(balance: list[int]) -> list[int]:
-    return [sum(balance[:i]) for i in range(len(balance))]
 
 
 def _grid_alone(actions: pd.DataFrame, model: str, balance: list[int], stage: int,

@@ -5,6 +5,7 @@
   times into contiguous blocks greedily towards equal sums.
 * :func:`min_max_partition` -- exact: dynamic programming over cut points minimising the
   slowest stage, where a stage's cost may include sending its output.
+* :func:`stage_firsts` -- each stage's first layer, from a balance.
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ def _check(n_layers: int, n_stages: int) -> None:
         raise PlanError(f"need at least one stage, got {n_stages}")
     if n_stages > n_layers:
         raise PlanError(f"{n_stages} stages is more than the {n_layers} layers")
+
+
+def stage_firsts(balance: Sequence[int]) -> list[int]:
+    """Each stage's first layer (its index in the model)::
+
+        stage_firsts([1, 3, 2]) == [0, 1, 4]
+    """
+    return [sum(balance[:i]) for i in range(len(balance))]
 
 
 def even_balance(n_layers: int, n_stages: int) -> list[int]:

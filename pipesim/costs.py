@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from pipesim.balance import stage_firsts
 from pipesim.cluster import Cluster, IdleCost
 from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
@@ -244,7 +245,7 @@ def with_profile_seconds(rows: Sequence[IdleCost], profile: Profile, cluster: Cl
     (:func:`profile_seconds`), a profile taken in the same session as the rows, so that
     the simulator reads them against the profile's own regime
     (:meth:`pipesim.cluster.Cluster.idle_cost`)."""
-    firsts = [sum(balance[:i]) for i in range(len(balance))]
+    firsts = stage_firsts(balance)
     alone = {(b, ckpt): profile_seconds(profile, cluster, list(balance), b, ckpt)
              for b in {r.micro_batch for r in rows} for ckpt in (False, True)}
     return [dataclasses.replace(r, profile_s=alone[(r.micro_batch, r.checkpointed)][
