@@ -13,12 +13,14 @@
 #       a minute): profile --streams 2, calibrate --transport threads with each stage of
 #       [5,5] in place, run one plan against its prediction (results/gpu/console/)
 #   bash experiments/gpu_run.sh switch [--model gpt]  # the 2-sample plans under GIL switch
-#       intervals 0.5 / 5 / 50 ms (experiments/switch_interval.py: is their loss the
-#       interpreter's hand-over? about a minute a model)
+#       intervals 0.5 / 5 / 50 ms, and with every thread of the process on one core
+#       (experiments/switch_interval.py: is their loss the interpreter's hand-over, or its
+#       crossing cores? on the 2-core VM one core took the small gpt's 0.61-0.86x as long;
+#       about a minute and a half a model)
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
 # fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next, in one call,
-# `switch --model gpt; switch --model mlp; console` (three minutes: does the interpreter's
+# `switch --model gpt; switch --model mlp; console` (about four minutes: does the interpreter's
 # hand-over make the 2-sample plans' loss? experiments/README.md, "Measured on an H200";
 # and the console's GPU path, untried on a GPU, 2026-11-26), then
 # gpu --models gpt into a folder of its own (its profiles time the pairs), re-predicted
@@ -82,7 +84,7 @@ run() {
         bench) python3 experiments/bench_executor_cuda.py "$@" ;;
         threads) python3 experiments/thread_interpreter.py --device cuda:0 "$@" ;;
         crossing) python3 experiments/crossing_messages.py --subdir gpu "$@" ;;
-        switch) python3 experiments/switch_interval.py --device cuda:0 "$@" ;;
+        switch) python3 experiments/switch_interval.py --device cuda:0 --placements free,one_core "$@" ;;
         console) gpt=(--model gpt --set vocab=8192 --set d_model=1024 --set n_layers=8
                       --set n_heads=16 --set seq_len=256)
                  c="$RESULTS/console"

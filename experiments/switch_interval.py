@@ -18,12 +18,24 @@ action at its cost in place, one after another, takes 349 -- two threads slower 
 doing all the work.  If the hand-over is the cause, a shorter interval shortens those
 waits and a longer one lengthens them; if it is not, the interval changes nothing.
 
-Each plan is run with each interval in turn (``sys.setswitchinterval``), ``--rounds``
-rounds in alternating order, each for at least ``--min-seconds``; the table gives each
-plan's median iteration per interval against the default's.
+Or is it the hand-over *between cores*?  Each hand-over wakes a thread on another core,
+and on this project's 2-core VM a thread that waits for the other stage's action pays
+for it: the small gpt's forward, two threads taking turns through an event (one waits
+while the other runs), took 1.14x (median of 40 blocks) what one thread running both
+stages' forwards in turn takes; 1.10x with the two threads pinned to two cores, 1.00x
+with both on one core, 1.15x for one thread sleeping 2 ms between forwards (2026-11-27).
+``--placements free,one_core`` also runs every plan with every thread of this process
+(the stage workers, autograd's device threads, the rest) on one core, at the default
+interval: if the cross-core hand-over is the loss, one core does no worse than the free
+placement where the threads overlap least (the checkpointed 2-sample plans).
+
+Each plan is run with each interval in turn (``sys.setswitchinterval``), and each further
+placement at the default interval, ``--rounds`` rounds in alternating order, each for at
+least ``--min-seconds``; the table gives each plan's median iteration per interval and
+placement against the default interval's, free.
 
     python experiments/switch_interval.py [--device cuda:0] [--model gpt] [--small]
-        [--intervals 0.0005,0.005,0.05] [--rounds 3]
+        [--intervals 0.0005,0.005,0.05] [--placements free,one_core] [--rounds 3]
 Writes experiments/results/[gpu/]switch_interval.csv, a row per plan and interval.
 """
 
@@ -41,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
+from executor.cores import first_cores, threads_on
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
 from experiments.common import machine, write_results
@@ -66,6 +79,11 @@ def iteration_s(pipe: Pipeline, x: torch.Tensor, y: torch.Tensor, iterations: in
     return metrics(pipe.run(x, y, iterations=iterations, warmup=1).trace).iteration_time_s
 
 
+#: the placements of this process's threads ``--placements`` takes: where the operating
+#: system puts them, or every one on this process's first core (executor.cores)
+PLACEMENTS = {"free": None, "one_core": 1}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cuda:0")
@@ -74,11 +92,26 @@ def main() -> None:
                     help="validate_threads.py's small models, the same layer counts (for a CPU)")
     ap.add_argument("--intervals", default="0.0005,0.005,0.05",
                     help="switch intervals, seconds (the default one, 0.005, is the reference)")
+    ap.add_argument("--placements", default="free",
+                    help="placements of this process's threads, comma-separated (free, "
+                    "one_core: every thread on one core); those past free run at the "
+                    "default interval only")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--min-seconds", type=float, default=0.5)
     args = ap.parse_args()
     intervals = [float(v) for v in args.intervals.split(",")]
     default = sys.getswitchinterval()
+    placements = args.placements.split(",")
+    unknown = sorted(set(placements) - set(PLACEMENTS))
+    if unknown:
+        ap.error(f"unknown placements {unknown}: choose from {', '.join(PLACEMENTS)}")
+    # (interval, placement) pairs: every interval free, every other placement at the default
+    variants = [(v, "free") for v in intervals] + [
+        (default, p) for p in placements if p != "free"]
+    if torch.device(args.device).type == "cpu":
+        # one torch thread a stage, as validate_threads.py runs them (and so that one core
+        # holds no idle intra-op workers spinning beside the stages)
+        torch.set_num_threads(1)
     sizes = (SMALL if args.small else MODELS)[args.model]
     module, loss_fn, x, y = builtin_job(args.model, BATCH, **sizes)
     subdir = "gpu" if torch.device(args.device).type == "cuda" else ""
@@ -91,16 +124,19 @@ def main() -> None:
                           loss_fn=loss_fn, track_memory=False) as pipe:
                 once = iteration_s(pipe, x, y, 2)
                 n = max(3, math.ceil(args.min_seconds / max(once, 1e-6)))
-                times: dict[float, list[float]] = {v: [] for v in intervals}
+                times: dict[tuple[float, str], list[float]] = {v: [] for v in variants}
                 for r in range(args.rounds):
-                    for v in intervals[::-1] if r % 2 else intervals:
+                    for v, placement in variants[::-1] if r % 2 else variants:
                         sys.setswitchinterval(v)
-                        times[v].append(iteration_s(pipe, x, y, n))
+                        count = PLACEMENTS[placement]
+                        with threads_on(None if count is None else first_cores(count)):
+                            times[v, placement].append(iteration_s(pipe, x, y, n))
                         sys.setswitchinterval(default)
             module.zero_grad(set_to_none=True)
-            reference = statistics.median(times.get(default, times[intervals[0]]))
-            for v, ts in times.items():
+            reference = statistics.median(times.get((default, "free"), times[variants[0]]))
+            for (v, placement), ts in times.items():
                 rows.append({"model": args.model, "plan": plan.label(), "interval_s": v,
+                             "placement": placement,
                              "iteration_ms": 1e3 * statistics.median(ts),
                              "rounds_ms": [round(1e3 * t, 3) for t in ts],
                              "against_default": statistics.median(ts) / reference})
@@ -109,9 +145,9 @@ def main() -> None:
                           {**machine(), "device": args.device, "model": args.model,
                            "default_interval_s": default, "torch": torch.__version__,
                            "date": time.strftime("%Y-%m-%d %H:%M:%S")}, subdir)
-            last = pd.DataFrame(rows[-len(intervals):])
+            last = pd.DataFrame(rows[-len(variants):])
             print(last.assign(interval_ms=1e3 * last.interval_s)[
-                ["plan", "interval_ms", "iteration_ms", "against_default"]]
+                ["plan", "interval_ms", "placement", "iteration_ms", "against_default"]]
                 .round(3).to_string(index=False), flush=True)
     finally:
         sys.setswitchinterval(default)

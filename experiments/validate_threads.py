@@ -25,12 +25,17 @@ can be checked without a GPU:
    seconds at once in place of the profile's (``in_place_costs``, ``in_place_pairs``,
    what took the H200 grid from 7.3% to 4.9%).
 
-    python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10]
-    python experiments/validate_threads.py --repredict   # the saved run, today's model
-Writes experiments/results/validation_threads.csv/.json, and for ``--repredict`` the run's
-calibration (``calibration_threads.json``), profiles (``profile_threads_MODEL.csv``),
-in-place costs (``in_place_costs_threads.json``) and measured actions
-(``validation_threads_actions.csv.gz``).
+With ``--cores 1`` every thread of the process runs on one core (``executor.cores``): the
+calibration, the profile and the grid, predicted by the cluster of threads taking turns on
+that core (``Cluster.cpu_threads(2, cores=1)``, which ``calibrate_threads`` gives a
+process on one core).  There no hand-over of the interpreter crosses cores.
+
+    python experiments/validate_threads.py [--models gpt,mlp] [--iterations 10] [--cores 1]
+    python experiments/validate_threads.py --repredict [--cores 1]  # saved run, today's model
+Writes experiments/results/validation_TAG.csv/.json (TAG ``threads``, with ``--cores N``
+``threads_Ncore``), and for ``--repredict`` the run's calibration (``calibration_TAG.json``),
+profiles (``profile_TAG_MODEL.csv``), in-place costs (``in_place_costs_TAG.json``) and
+measured actions (``validation_TAG_actions.csv.gz``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ import pandas as pd
 import torch
 
 from executor.calibrate import calibrate_threads, measure_thread_overhead, overheads_text
+from executor.cores import first_cores, threads_on
 from executor.in_place import checkpoint_extras_of, device_stage_costs, idle_costs
 from executor.models import builtin_job
 from executor.pipeline import Pipeline
@@ -88,22 +94,32 @@ def main() -> None:
                     help="runs of the whole grid, order reversed every other pass")
     ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
                     help="one pass more for a plan whose passes lie further apart (0: none)")
+    ap.add_argument("--cores", type=int, default=None,
+                    help="run every thread of this process on its first N cores (default: "
+                    "where the operating system puts them); results tagged threads_Ncore")
     ap.add_argument("--repredict", action="store_true",
                     help="predict the saved run again with today's model, measuring nothing")
     args = ap.parse_args()
+    tag = "threads" if args.cores is None else f"threads_{args.cores}core"
     if args.repredict:
-        repredict()
+        repredict(tag)
         return
     torch.set_num_threads(1)
+    with threads_on(None if args.cores is None else first_cores(args.cores)):
+        run(args, tag)
+
+
+def run(args: argparse.Namespace, tag: str) -> None:
+    """Calibrate, profile, measure and predict the grid (see the module docstring)."""
     # kept for --repredict: the run's calibration, each model's profile, every measured
     # action (a model change re-predicts the same measurements)
-    actions_path = RESULTS / "validation_threads_actions.csv.gz"
+    actions_path = RESULTS / f"validation_{tag}_actions.csv.gz"
     actions_path.unlink(missing_ok=True)
     # as gpu_validate.py calibrates the GPU's threads (on a tiny 1F1B pipeline: its
     # overheads hold some of the interpreter's turns too, a little counted twice)
     cluster = calibrate_threads("cpu", 2)
     print(overheads_text(cluster), flush=True)
-    cluster.save(RESULTS / "calibration_threads.json")
+    cluster.save(RESULTS / f"calibration_{tag}.json")
     # the overheads read again after each model's grid, each model predicted with the
     # mean of the readings before and after it, as validate.py brackets the processes'
     # (one reading, a median of three, ranged 0.017-0.190 ms an action over three runs
@@ -122,14 +138,14 @@ def main() -> None:
         prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=7, warmup=2,
                        progress=False, interpreter=True, pairs=True, meta={"model": name})
         print(f"{name}: interpreter shares {prof.meta['interpreter_share']}", flush=True)
-        prof.save(RESULTS / f"profile_threads_{name}.csv")
+        prof.save(RESULTS / f"profile_{tag}_{name}.csv")
         balance = min_max_partition(prof.layer_times(BATCH // 4), 2)
         # each stage measured in place through the executor's StageRunner, plain and
         # checkpointed at every size (device_stage_costs, as gpu_validate.py measures the
         # GPU's stages): the variant in_place_costs gives the actions these seconds in
         # place of the profile's sum and the in-action overhead
         in_place[name] = device_stage_costs(job, balance, sizes, device="cpu")
-        (RESULTS / "in_place_costs_threads.json").write_text(json.dumps(in_place, indent=1))
+        (RESULTS / f"in_place_costs_{tag}.json").write_text(json.dumps(in_place, indent=1))
         # what a wait costs the action after it, in place: each stage's steps in this
         # process after it slept before its forward or backward, against at once (a worker
         # blocked on its queue sleeps as a rank does; the in-process idle_costs)
@@ -263,24 +279,25 @@ def main() -> None:
     # (where validate.py keeps its own: --repredict and grid_history read them)
     summary["idle_costs"] = idle
     summary["checkpoint_extras"] = extras
-    write_results("validation_threads", table, {**machine(), "summary": summary,
+    write_results(f"validation_{tag}", table, {**machine(), "summary": summary,
                                                 "cluster": cluster.to_dict(),
-                                                "models": MODELS, "torch": torch.__version__})
+                                                "models": MODELS, "torch": torch.__version__,
+                                                "cores": args.cores})
 
 
-def repredict() -> None:
-    """The saved run (``results/validation_threads.csv`` with its calibration and profiles)
-    predicted by today's model: ``results/validation_threads_repredicted.csv`` and each
+def repredict(tag: str = "threads") -> None:
+    """The saved run (``results/validation_TAG.csv`` with its calibration and profiles)
+    predicted by today's model: ``results/validation_TAG_repredicted.csv`` and each
     model's median / max |error| beside the run's own."""
     # (the run's measurements with today's model: the choices the saved cluster carries,
     # whether the gaps hold the interpreter and whether the threads share by the measured
     # pairs, are today's defaults')
     today = Cluster.cpu_threads(2)
-    table = predict_saved(RESULTS, "threads",
+    table = predict_saved(RESULTS, tag,
                           cluster_fields={"gaps_hold_interpreter": today.gaps_hold_interpreter,
                                           "thread_pairs": today.thread_pairs})
     table["error_now_pct"] = 100 * (table.predicted_ms_now / table.measured_ms - 1)
-    table.to_csv(RESULTS / "validation_threads_repredicted.csv", index=False)
+    table.to_csv(RESULTS / f"validation_{tag}_repredicted.csv", index=False)
     for model, part in [*table.groupby("model"), ("all", table)]:
         print(f"{model}: as run {part.error_pct.abs().median():.1f}% / "
               f"{part.error_pct.abs().max():.1f}%, today "

@@ -32,7 +32,13 @@ previous action the longer its wake-up.
 
 Where the cluster has measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
 backward also pays what its worker's wait since its last action cost it (read off the
-measured curve at that idle).  Optional jitter
+measured curve at that idle) -- its device's idle where workers share a device, which
+another worker's action keeps warm::
+
+    own cores   t0 |F0|.......idle.......|B0'|      B0' pays the curve at the idle
+                t1     |F1|B1|
+    one core    t0 |F0|                 |B0|        the core ran F1, B1 meanwhile:
+                t1     |F1|B1|                     B0 pays nothing  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
@@ -214,6 +220,9 @@ class _Run:
                              for p in sim.shared_processes}
         self.engines = {e: ProcessorSharing(self.env, interpreter_law) for e in sim.shared_engines}
         self.pairs = {p: PairSharing(self.env, PAIR_KINDS) for p in sim.paired_processes}
+        # where workers share a device: how many of its actions run now, and when its last
+        # one ended (-1: none yet) -- the device's idle, which the idle costs are read at
+        self.device_busy = {r: [0, -1.0] for r in sim.shared_resources}
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -279,6 +288,7 @@ class _Run:
         # pairs hold the device's sharing too, so such a worker takes no turns on it)
         pairs = self.pairs.get(sim.cluster.devices[w].process)
         resource = self.compute.get(device) if pairs is None else None
+        busy = self.device_busy.get(device)  # [running, last end] where workers share it
         # what the action's work progresses on: the device's streams when they run
         # concurrently, else the host when its processes slow each other, else alone
         # (seconds of work, its slowdown while another rank of the host computes) -> event
@@ -374,8 +384,13 @@ class _Run:
                     deltas.append((device, start, nbytes, category))
             seconds = step.seconds
             if step.idle_curve and idled >= 0:
-                # what faded from the caches while the worker waited (Cluster.idle_costs)
-                seconds = max(seconds + read_curve(step.idle_curve, start - idled), 0.0)
+                # what faded from the caches while the worker waited (Cluster.idle_costs):
+                # while its device was idle -- another worker's action on a device they
+                # share keeps it warm (stage threads on one core)
+                since = idled if busy is None else start if busy[0] else max(idled, busy[1])
+                seconds = max(seconds + read_curve(step.idle_curve, start - since), 0.0)
+            if busy is not None:
+                busy[0] += 1
             if jitter is not None and rng is not None:
                 seconds *= jitter.stragglers.get(w, 1.0)
                 if jitter.scale:
@@ -427,6 +442,9 @@ class _Run:
             else:
                 yield progress(seconds, step.host_slowdown)
             end = idled = env.now
+            if busy is not None:
+                busy[0] -= 1
+                busy[1] = end
             if issue_ahead:
                 # its host was free once it had issued it, at the latest when it ended
                 host_free = (min(end, max(start + step.issue_s * scale, issued[0]))

@@ -1,6 +1,7 @@
 """Pinned ranks: each process of a run, and of the calibration that predicts it, on its own
 cores -- the same cores for both (``executor.distributed.rank_cores``); and the
-calibration's processes end it with an error when one dies."""
+calibration's processes end it with an error when one dies.  And the threads of one
+process on chosen cores (``executor.cores``), stage threads started inside included."""
 
 from __future__ import annotations
 
@@ -51,3 +52,45 @@ def test_a_dead_calibration_process_ends_the_calibration_at_once():
     with pytest.raises(RuntimeError, match=r"rank 1 \(exit code 3\)"):
         _gather(_one_dies, 2, (), expected=2)
     assert time.monotonic() - t0 < 60  # stops, does not hang (not a speed target)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sched_setaffinity")
+def test_threads_on_one_core_holds_every_thread_and_gives_them_back():
+    # the stage threads of the in-process executor, started inside, run on the one core;
+    # after the block they (still alive) and the main thread are back on every core
+    import torch
+
+    from executor.cores import first_cores, threads_on
+    from executor.pipeline import Pipeline
+    from pipesim import Plan
+
+    mine = os.sched_getaffinity(0)
+    module = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 3))
+    x, y = torch.randn(4, 4), torch.randint(0, 3, (4,))
+    pipe = Pipeline(module, Plan([1, 1], 2, 4), track_memory=False)
+    try:
+        with threads_on(first_cores(1)):
+            assert os.sched_getaffinity(0) == first_cores(1)
+            pipe.run(x, y, iterations=1, warmup=0)
+            inside = [os.sched_getaffinity(t.native_id) for t in pipe.worker_threads]
+        assert inside == [first_cores(1)] * 2
+        after = [os.sched_getaffinity(t.native_id) for t in pipe.worker_threads]
+        assert after == [mine] * 2 and os.sched_getaffinity(0) == mine
+    finally:
+        pipe.close()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sched_setaffinity")
+def test_threads_on_refuses_cores_the_process_does_not_have():
+    from executor.cores import first_cores, threads_on
+
+    mine = os.sched_getaffinity(0)
+    with pytest.raises(ValueError, match="cores must be 1 to"):
+        first_cores(len(mine) + 1)
+    with pytest.raises(ValueError, match="cores must be 1 to"):
+        first_cores(0)
+    with pytest.raises(ValueError, match="not all among"), threads_on({max(mine) + 1}):
+        pass
+    assert os.sched_getaffinity(0) == mine
+    with threads_on(None):  # nothing moves
+        assert os.sched_getaffinity(0) == mine

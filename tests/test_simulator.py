@@ -485,6 +485,29 @@ def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_s
     assert (replay.end - replay.start).max() == pytest.approx(1.0)
 
 
+def test_an_idle_cost_is_read_at_the_idle_of_the_core_which_stage_threads_on_it_keep_warm():
+    # the same plan and idle curve: each worker on a core of its own pays it after its own
+    # wait; two workers taking turns on one core pay it only for the core's idle (on the
+    # 2-core VM a stage thread's forward after the other's on the same core took 1.00x its
+    # steady pace, 1.14x on another core: experiments/wait_placement.py)
+    from pipesim.cluster import IdleCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 1, 1, checkpoint="never", schedule="gpipe")
+    measured = (IdleCost(0, 1, 1, False, 1.0, 0.5), IdleCost(0, 1, 1, False, 4.0, 1.0))
+
+    def stage0_backward(cores: int) -> tuple[float, float]:
+        cluster = dataclasses.replace(Cluster.cpu_threads(2, cores=cores),
+                                      compute_overhead_s=0.0, idle_costs=measured)
+        b = simulate(prof, plan, cluster).actions.query("kind == 'B' and stage == 0")
+        return float(b.start.iloc[0]), float(b.end.iloc[0] - b.start.iloc[0])
+
+    # own cores: F0 0..1, F1 1..2, B1 2..4, then B0 after 3 s of its core idle: +0.5 + 2/6
+    assert stage0_backward(2) == pytest.approx((4.0, 2.0 + 0.5 + 2 / 6))
+    # one core: the same turns, the core busy with stage 1 until B0 starts: its profile
+    assert stage0_backward(1) == pytest.approx((4.0, 2.0))
+
+
 def test_idle_costs_are_read_against_the_profiles_own_regime_where_it_was_measured():
     from pipesim.cluster import IdleCost
 
