@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from executor.cores import first_cores, threads_on
 from pipesim.balance import stage_firsts
 from pipesim.cli import (
     UserError,
@@ -202,6 +203,7 @@ def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
     # (an interleaved plan's balance is of its virtual stages: calibrate measures one
     # stage a worker, the profile's time-balanced split by default)
     layout = f" --stages {plan.n_devices}" if plan.n_devices != 2 else ""
+    layout += f" --cores {args.cores}" if args.cores else ""
     if len(plan.balance) == plan.n_devices:
         layout += f" --balance {','.join(map(str, plan.balance))}"
     return (f"(predicted with the {default_cluster(args.transport, args.device)} preset; "
@@ -225,6 +227,32 @@ def threads_profile_warning(profile: Profile, path: str, device: str, stages: in
     return None
 
 
+def add_cores_option(p: argparse.ArgumentParser) -> None:
+    """``--cores N``: the threads transport's threads on this process's first N cores."""
+    p.add_argument("--cores", type=positive_int, default=None,
+                   help="threads transport: every thread of this process on its first N cores "
+                   "(default: where the operating system puts them). On one core stage threads "
+                   "take turns without handing the interpreter across cores: the small models "
+                   "of experiments/validate_threads.py ran 0.5-0.8x as long there on a 2-core "
+                   "VM; a model whose operations overlap on two cores runs longer")
+
+
+def thread_cores(args: argparse.Namespace) -> set[int] | None:
+    """The cores ``--cores`` asks for (None: not given); a user error for the processes
+    transport (``--pin`` places those) or more cores than this process has."""
+    if args.cores is None:
+        return None
+    if args.transport != "threads":
+        raise UserError(f"--cores {args.cores} is for --transport threads (processes: --pin)")
+    if args.device != "cpu":
+        raise UserError(f"--cores {args.cores} with --device {args.device}: for stage threads "
+                        "on the CPU (a GPU's host threads: experiments/switch_interval.py)")
+    try:
+        return first_cores(args.cores)
+    except ValueError as exc:
+        raise UserError(f"--cores {args.cores}: {exc}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import functools
 
@@ -244,6 +272,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     torch_dtype(args.dtype)
     if args.transport == "threads":
         check_device(args.device)
+    cores = thread_cores(args)
     torch.set_num_threads(args.threads)
     profile = Profile.load(args.profile) if args.profile else None
     job = functools.partial(builtin_job, args.model, args.batch_size, dtype=args.dtype, **sizes)
@@ -289,8 +318,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         from executor.pipeline import Pipeline
 
         devices = [args.device] * plan.n_devices
-        print(f"running {plan.label()} with {plan.n_devices} threads ...", flush=True)
-        with Pipeline(module, plan, devices, loss_fn) as pipe:
+        print(f"running {plan.label()} with {plan.n_devices} threads"
+              f"{f' on {len(cores)} core(s)' if cores else ''} ...", flush=True)
+        with threads_on(cores), Pipeline(module, plan, devices, loss_fn) as pipe:
             result = pipe.run(x, y, iterations=args.iterations, warmup=args.warmup)
     m = metrics(result.trace)
     times = sorted(m.iteration_times_s)
@@ -306,6 +336,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         cluster = load_cluster(args.cluster or default_cluster(args.transport, args.device),
                                plan.n_devices)
+        if cores and not args.cluster:  # the preset's threads, taking turns on those cores
+            from pipesim.cluster import Cluster
+
+            cluster = Cluster.cpu_threads(plan.n_devices, cores=len(cores))
         predicted = simulate(profile, plan, cluster)
         write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
         cmp = compare(predicted, result.trace)
@@ -336,6 +370,7 @@ def add_run(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--pin", action="store_true",
                    help="each process on its own cores (steadier timings on a small host: "
                    "executor.distributed.rank_cores)")
+    add_cores_option(p)
     p.add_argument("--iterations", type=positive_int, default=5, help="measured (default 5)")
     p.add_argument("--warmup", type=non_negative_int, default=2, help="unmeasured first (default 2)")
     p.add_argument("--profile", help="profile CSV: also simulate the plan and compare")
@@ -409,6 +444,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     if args.stages < 2:
         raise UserError(f"--stages {args.stages}: a pipeline's workers are 2 or more")
+    cores = thread_cores(args)
     if args.transport == "threads":
         check_device(args.device)
         for flag, given in (("--pin", args.pin), ("--idle-at-once", args.idle_at_once)):
@@ -433,7 +469,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     calibrate = _calibrate_threads if args.transport == "threads" else _calibrate_processes
-    cluster = calibrate(args)
+    with threads_on(cores):  # (threads on --cores: the cluster's workers take turns there)
+        cluster = calibrate(args)
     path = cluster.save(args.out)
     print(f"calibrated in {time.perf_counter() - t0:.0f} s; wrote {path} "
           f"(pipesim simulate/tune/run --cluster {path})")
@@ -642,6 +679,7 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--stages", type=positive_int, default=2, help="workers (default 2)")
     p.add_argument("--pin", action="store_true",
                    help="each process on its own cores, as `run --transport processes --pin`")
+    add_cores_option(p)
     p.add_argument("--idle-costs", metavar="PROFILE",
                    help="also measure idle costs and the checkpoint's extras in place, read "
                    "against this profile of --model (taken on this machine: `pipesim "

@@ -21,9 +21,10 @@ waits and a longer one lengthens them; if it is not, the interval changes nothin
 Or is it the hand-over *between cores*?  Each hand-over wakes a thread on another core,
 and on this project's 2-core VM a thread that waits for the other stage's action pays
 for it: the small gpt's forward, two threads taking turns through an event (one waits
-while the other runs), took 1.14x (median of 40 blocks) what one thread running both
-stages' forwards in turn takes; 1.10x with the two threads pinned to two cores, 1.00x
-with both on one core, 1.15x for one thread sleeping 2 ms between forwards (2026-11-27).
+while the other runs), took 1.11x (median of 40 blocks) what one thread running both
+stages' forwards in turn takes; 1.12x with the two threads pinned to two cores, 1.04x
+with both on one core, 1.12x for one thread sleeping a forward's time between forwards
+(2026-11-27, ``experiments/wait_placement.py``).
 ``--placements free,one_core`` also runs every plan with every thread of this process
 (the stage workers, autograd's device threads, the rest) on one core, at the default
 interval: if the cross-core hand-over is the loss, one core does no worse than the free

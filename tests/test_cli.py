@@ -110,6 +110,11 @@ def test_tune_and_its_impossible_budget(profile_path, tmp_path, capsys):
     (["calibrate", "--idle-costs", "{profile}", "--batch-size", "1", "--model", "mlp"],
      "has 4 layers, model 'mlp' 9"),
     (["calibrate", "--idle-costs", "{profile}", "--balance", "1,1,2"], "has 3 stages, --stages is 2"),
+    (["run", "--transport", "processes", "--cores", "1"], "--cores 1 is for --transport threads"),
+    (["calibrate", "--cores", "1"], "--cores 1 is for --transport threads (processes: --pin)"),
+    (["run", "--cores", "4096"], "--cores 4096: cores must be 1 to"),
+    (["calibrate", "--transport", "threads", "--device", "cuda:7", "--cores", "1"],
+     "--cores 1 with --device cuda:7: for stage threads on the CPU"),
 ])
 def test_user_mistakes_are_one_line_errors(argv, message, profile_path, tmp_path, capsys):
     from pipesim.cluster import Cluster
@@ -150,6 +155,31 @@ def test_run_with_profile_compares(tmp_path, capsys):
     assert main(["compare", str(out), str(out), "--out", str(tmp_path / "cmp")]) == 0
     assert (tmp_path / "cmp" / "compare_actions.csv").exists()
     assert (tmp_path / "cmp" / "compare_memory.png").exists()
+
+
+def test_run_on_one_core_predicts_its_threads_taking_turns_there(tmp_path, capsys):
+    import os
+
+    import pandas as pd
+
+    prof_out = tmp_path / "p.csv"
+    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+    assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
+                 "--out", str(prof_out)]) == 0
+    out = tmp_path / "run"
+    mine = os.sched_getaffinity(0)
+    assert main(["run", *small, "--balance", "2,2", "--chunks", "2", "--batch-size", "8",
+                 "--iterations", "2", "--warmup", "1", "--profile", str(prof_out),
+                 "--cores", "1", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "with 2 threads on 1 core(s)" in text
+    assert os.sched_getaffinity(0) == mine  # every thread back where it was
+    # the hint measures this machine's cluster in the same placement
+    assert "--cores 1 --balance 2,2" in text
+    # the prediction's workers took turns on one core: never two actions at once
+    pred = pd.read_csv(out / "simulated_actions.csv").query("kind in ['F', 'B']")
+    pred = pred.sort_values("start")
+    assert (pred.start.iloc[1:].to_numpy() >= pred.end.iloc[:-1].to_numpy() - 1e-12).all()
 
 
 def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_path, capsys,
