@@ -32,13 +32,13 @@ previous action the longer its wake-up.
 
 Where the cluster has measured idle costs (:attr:`pipesim.cluster.Cluster.idle_costs`, optional), a forward or
 backward also pays what its worker's wait since its last action cost it (read off the
-measured curve at that idle) -- its device's idle where workers share a device, which
-another worker's action keeps warm::
+measured curve at that idle) -- but where workers share a device and another worker's
+action ran on it meanwhile, nothing: the device never idled::
 
     own cores   t0 |F0|.......idle.......|B0'|      B0' pays the curve at the idle
                 t1     |F1|B1|
     one core    t0 |F0|                 |B0|        the core ran F1, B1 meanwhile:
-                t1     |F1|B1|                     B0 pays nothing  Optional jitter
+                t1     |F1|B1|                     B0 runs at the profile's pace  Optional jitter
 multiplies each duration by a seeded log-normal factor (and a straggler's factor).
 While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
@@ -383,12 +383,13 @@ class _Run:
                 for category, nbytes in step.alloc_start:
                     deltas.append((device, start, nbytes, category))
             seconds = step.seconds
-            if step.idle_curve and idled >= 0:
-                # what faded from the caches while the worker waited (Cluster.idle_costs):
-                # while its device was idle -- another worker's action on a device they
-                # share keeps it warm (stage threads on one core)
-                since = idled if busy is None else start if busy[0] else max(idled, busy[1])
-                seconds = max(seconds + read_curve(step.idle_curve, start - since), 0.0)
+            if (step.idle_curve and idled >= 0
+                    and (busy is None or (not busy[0] and busy[1] <= idled))):
+                # what faded from the caches while the worker waited (Cluster.idle_costs);
+                # not where another worker's action ran on a device they share meanwhile
+                # (stage threads on one core): that device never idled, and runs at the
+                # steady pace the profile measures
+                seconds = max(seconds + read_curve(step.idle_curve, start - idled), 0.0)
             if busy is not None:
                 busy[0] += 1
             if jitter is not None and rng is not None:

@@ -485,11 +485,12 @@ def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_s
     assert (replay.end - replay.start).max() == pytest.approx(1.0)
 
 
-def test_an_idle_cost_is_read_at_the_idle_of_the_core_which_stage_threads_on_it_keep_warm():
+def test_an_idle_cost_is_not_paid_where_another_stage_thread_kept_the_shared_core_busy():
     # the same plan and idle curve: each worker on a core of its own pays it after its own
-    # wait; two workers taking turns on one core pay it only for the core's idle (on the
-    # 2-core VM a stage thread's forward after the other's on the same core took 1.00x its
-    # steady pace, 1.14x on another core: experiments/wait_placement.py)
+    # wait; two workers taking turns on one core do not, the core never idling (on the
+    # 2-core VM a stage thread's forward after the other's on the same core took 1.04x the
+    # steady pace of one thread running both, 1.12x on another core:
+    # experiments/wait_placement.py)
     from pipesim.cluster import IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
@@ -506,6 +507,13 @@ def test_an_idle_cost_is_read_at_the_idle_of_the_core_which_stage_threads_on_it_
     assert stage0_backward(2) == pytest.approx((4.0, 2.0 + 0.5 + 2 / 6))
     # one core: the same turns, the core busy with stage 1 until B0 starts: its profile
     assert stage0_backward(1) == pytest.approx((4.0, 2.0))
+    # nor a curve's value at no idle (read against the profile's regime, the in-place
+    # pace): there the action runs at the profile's
+    anchored = tuple(dataclasses.replace(c, hot_s=1.5, profile_s=2.0) for c in measured)
+    cluster = dataclasses.replace(Cluster.cpu_threads(2, cores=1), compute_overhead_s=0.0,
+                                  idle_costs=anchored)
+    b = simulate(prof, plan, cluster).actions.query("kind == 'B' and stage == 0")
+    assert float(b.end.iloc[0] - b.start.iloc[0]) == pytest.approx(2.0)
 
 
 def test_idle_costs_are_read_against_the_profiles_own_regime_where_it_was_measured():
