@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -131,11 +132,20 @@ def test_user_mistakes_are_one_line_errors(argv, message, profile_path, tmp_path
     assert err.startswith("pipesim: error:") and err.count("\n") == 1  # one line
 
 
-def test_run_with_profile_compares(tmp_path, capsys):
+#: a 4-layer MLP small enough to profile and run in a second
+TINY_MLP = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
+
+
+def _tiny_profile(tmp_path, sizes: str) -> Path:
+    """A one-repeat profile of :data:`TINY_MLP` at ``sizes`` (``"1,2,4"``)."""
     prof_out = tmp_path / "p.csv"
-    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
-    assert main(["profile", *small, "--sizes", "1,2,4", "--repeats", "1", "--warmup", "0",
+    assert main(["profile", *TINY_MLP, "--sizes", sizes, "--repeats", "1", "--warmup", "0",
                  "--out", str(prof_out)]) == 0
+    return prof_out
+
+
+def test_run_with_profile_compares(tmp_path, capsys):
+    small, prof_out = TINY_MLP, _tiny_profile(tmp_path, "1,2,4")
     out = tmp_path / "run"
     assert main(["run", *small, "--balance", "2,2", "--chunks", "4", "--batch-size", "8",
                  "--iterations", "2", "--warmup", "1", "--profile", str(prof_out),
@@ -162,10 +172,7 @@ def test_run_on_one_core_predicts_its_threads_taking_turns_there(tmp_path, capsy
 
     import pandas as pd
 
-    prof_out = tmp_path / "p.csv"
-    small = ["--model", "mlp", "--set", "width=16", "--set", "depth=3", "--set", "in_features=8"]
-    assert main(["profile", *small, "--sizes", "2,4", "--repeats", "1", "--warmup", "0",
-                 "--out", str(prof_out)]) == 0
+    small, prof_out = TINY_MLP, _tiny_profile(tmp_path, "2,4")
     out = tmp_path / "run"
     mine = os.sched_getaffinity(0)
     assert main(["run", *small, "--balance", "2,2", "--chunks", "2", "--batch-size", "8",
