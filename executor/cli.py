@@ -233,7 +233,7 @@ def add_cores_option(p: argparse.ArgumentParser) -> None:
                    help="threads transport: every thread of this process on its first N cores "
                    "(default: where the operating system puts them). On one core stage threads "
                    "take turns without handing the interpreter across cores: the small models "
-                   "of experiments/validate_threads.py ran 0.50-0.87x as long there on a "
+                   "of experiments/validate_threads.py ran 0.49-0.87x as long there on a "
                    "2-core VM; a model whose operations overlap on two cores runs longer")
 
 

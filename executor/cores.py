@@ -11,8 +11,8 @@ that share their caches::
     one core    core 0  |F0 ..|F1 ..|B1 ..|B0 ..|       turns, no crossing (nor overlap)
 
 On this project's 2-core VM (2026-11-27) the threads grid of ``experiments/
-validate_threads.py`` took 0.68-0.78x as long on one core (small gpt) and 0.50-0.87x
-(small mlp) as placed freely, three pairs of runs; ``experiments/switch_interval.py
+validate_threads.py`` took 0.67-0.78x as long on one core (small gpt) and 0.49-0.87x
+(small mlp) as placed freely, four pairs of runs; ``experiments/switch_interval.py
 --device cpu --small --placements free,one_core`` put the small gpt's checkpointed plans
 at 16 micro-batches of 2 samples at 0.61-0.86x, and a plain 1F1B at 4 micro-batches,
 whose operations overlap on two cores, at 1.20x.
