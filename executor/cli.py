@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from executor.cores import first_cores, threads_on
 from pipesim.balance import stage_firsts
 from pipesim.cli import (
+    CLUSTER_PRESETS,
     UserError,
     build_parser,
     non_negative_int,
@@ -211,6 +212,25 @@ def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
             f"--batch-size {plan.batch_size}`, then --cluster)")
 
 
+def placement_warning(cluster: Cluster, path: str, cores: set[int] | None) -> str | None:
+    """Where stage threads on the CPU run on other cores than ``cluster`` (from ``path``)
+    has them (:func:`executor.cores.threads_on`: ``--cores``), what to do; None where they
+    agree.  A one-core run takes turns where threads placed freely overlap, and the other
+    way round: the small models of the threads grid ran 0.49-0.87x as long on one core."""
+    import os
+
+    if not all(d.process for d in cluster.devices):
+        return None  # not stage threads of one process: another mismatch, not placement
+    shared = len({d.resource for d in cluster.devices})
+    have = len(cores) if cores else len(os.sched_getaffinity(0))
+    want = min(have, len(cluster.devices))
+    if shared == want:
+        return None
+    return (f"{path} has the threads on {shared} core(s), this run on {want}: calibrate "
+            f"again with{f' --cores {len(cores)}' if cores else 'out --cores'} for its "
+            "placement")
+
+
 def threads_profile_warning(profile: Profile, path: str, device: str, stages: int
                             ) -> str | None:
     """What a profile at ``path`` lacks for predicting ``stages`` stage threads on
@@ -340,6 +360,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             from pipesim.cluster import Cluster
 
             cluster = Cluster.cpu_threads(plan.n_devices, cores=len(cores))
+        elif (args.transport == "threads" and args.device == "cpu" and args.cluster
+              and args.cluster not in CLUSTER_PRESETS):  # a calibrated cluster's placement
+            placed = placement_warning(cluster, args.cluster, cores)
+            if placed:
+                print(f"pipesim: warning: {placed}", file=sys.stderr)
         predicted = simulate(profile, plan, cluster)
         write_outputs(predicted, out, "simulated", f"predicted: {plan.label()}")
         cmp = compare(predicted, result.trace)

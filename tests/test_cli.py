@@ -187,6 +187,21 @@ def test_run_on_one_core_predicts_its_threads_taking_turns_there(tmp_path, capsy
     pred = pd.read_csv(out / "simulated_actions.csv").query("kind in ['F', 'B']")
     pred = pred.sort_values("start")
     assert (pred.start.iloc[1:].to_numpy() >= pred.end.iloc[:-1].to_numpy() - 1e-12).all()
+    # a calibrated cluster of threads on their own cores, for a run on one: said
+    from pipesim.cluster import Cluster
+
+    apart = Cluster.cpu_threads(2, cores=2).save(tmp_path / "apart.json")
+    again = ["run", *small, "--balance", "2,2", "--chunks", "2", "--batch-size", "8",
+             "--iterations", "1", "--warmup", "0", "--profile", str(prof_out),
+             "--out", str(out)]
+    assert main([*again, "--cores", "1", "--cluster", str(apart)]) == 0
+    assert (f"{apart} has the threads on 2 core(s), this run on 1: calibrate again with "
+            "--cores 1") in capsys.readouterr().err
+    if len(mine) > 1:  # and the other way round
+        one = Cluster.cpu_threads(2, cores=1).save(tmp_path / "one.json")
+        assert main([*again, "--cluster", str(one)]) == 0
+        assert "has the threads on 1 core(s), this run on 2: calibrate again without --cores" \
+            in capsys.readouterr().err
 
 
 def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_path, capsys,
