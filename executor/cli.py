@@ -184,12 +184,15 @@ def add_demo(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=lambda a: __import__("executor.demo", fromlist=["main"]).main(a))
 
 
-def default_cluster(transport: str, device: str) -> str:
+def default_cluster(transport: str, device: str, cores: int | None = None) -> str:
     """The cluster preset that predicts a run of ``transport`` on ``device`` where the user
-    names none: CPU processes, or the threads of one process on the CPU or on one GPU."""
+    names none: CPU processes, or the threads of one process on the CPU (all on one core
+    with ``cores`` 1) or on one GPU."""
     if transport == "processes":
         return "cpu"
-    return "cpu-threads" if device.split(":")[0] == "cpu" else "shared-gpu"
+    if device.split(":")[0] != "cpu":
+        return "shared-gpu"
+    return "cpu-threads-1core" if cores == 1 else "cpu-threads"
 
 
 def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
@@ -207,7 +210,8 @@ def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
     layout += f" --cores {args.cores}" if args.cores else ""
     if len(plan.balance) == plan.n_devices:
         layout += f" --balance {','.join(map(str, plan.balance))}"
-    return (f"(predicted with the {default_cluster(args.transport, args.device)} preset; "
+    return (f"(predicted with the {default_cluster(args.transport, args.device, args.cores)} "
+            "preset; "
             f"this machine's: `pipesim calibrate{how} {args.profile}{model}{layout} "
             f"--batch-size {plan.batch_size}`, then --cluster)")
 

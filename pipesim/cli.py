@@ -26,6 +26,8 @@ CLUSTER_PRESETS: dict[str, Callable[[int], Cluster]] = {
     "free": Cluster.free,
     "cpu": Cluster.cpu_processes,
     "cpu-threads": Cluster.cpu_threads,
+    # (every thread on one core: `run --transport threads --cores 1`, taking turns there)
+    "cpu-threads-1core": lambda n: Cluster.cpu_threads(n, cores=1),
     "nvlink": Cluster.nvlink_gpus,
     "pcie": Cluster.pcie_gpus,
     "shared-gpu": Cluster.shared_gpu,
@@ -91,8 +93,8 @@ non_negative_float = at_least(0.0, float)
 
 
 def load_cluster(spec: str, n_devices: int) -> Cluster:
-    """A preset name (``free``, ``cpu``, ``cpu-threads``, ``nvlink``, ``pcie``,
-    ``shared-gpu``) or a JSON file."""
+    """A preset name (``free``, ``cpu``, ``cpu-threads``, ``cpu-threads-1core``,
+    ``nvlink``, ``pcie``, ``shared-gpu``) or a JSON file."""
     if spec in CLUSTER_PRESETS:
         return CLUSTER_PRESETS[spec](n_devices)
     if Path(spec).suffix == ".json" or Path(spec).exists():

@@ -50,6 +50,23 @@ def test_simulate_writes_pictures_and_traces(profile_path, tmp_path, capsys):
     assert any(e["name"] == "1F0" for e in chrome["traceEvents"])
 
 
+def test_simulate_threads_placed_freely_or_on_one_core(profile_path, tmp_path, capsys):
+    # the same plan as stage threads each on a core of its own, and all on one core
+    # (`run --transport threads --cores 1`): there the workers' actions never overlap
+    import pandas as pd
+
+    starts = {}
+    for preset in ("cpu-threads", "cpu-threads-1core"):
+        out = tmp_path / preset
+        assert main(["simulate", str(profile_path), "--balance", "2,2", "--chunks", "4",
+                     "--batch-size", "8", "--cluster", preset, "--out", str(out)]) == 0
+        acts = pd.read_csv(out / "simulated_actions.csv").query("kind in ['F', 'B']")
+        acts = acts.sort_values("start")
+        starts[preset] = (acts.start.iloc[1:].to_numpy() < acts.end.iloc[:-1].to_numpy() - 1e-12
+                          ).any()
+    assert starts == {"cpu-threads": True, "cpu-threads-1core": False}
+
+
 def test_simulate_and_tune_every_schedule(profile_path, tmp_path, capsys):
     assert main(["simulate", str(profile_path), "--stages", "4", "--chunks", "4",
                  "--batch-size", "8", "--schedule", "zbv", "--out", str(tmp_path / "zbv")]) == 0
@@ -181,7 +198,8 @@ def test_run_on_one_core_predicts_its_threads_taking_turns_there(tmp_path, capsy
     text = capsys.readouterr().out
     assert "with 2 threads on 1 core(s)" in text
     assert os.sched_getaffinity(0) == mine  # every thread back where it was
-    # the hint measures this machine's cluster in the same placement
+    # predicted by the one-core preset; the hint measures this machine's in that placement
+    assert "predicted with the cpu-threads-1core preset" in text
     assert "--cores 1 --balance 2,2" in text
     # the prediction's workers took turns on one core: never two actions at once
     pred = pd.read_csv(out / "simulated_actions.csv").query("kind in ['F', 'B']")
