@@ -216,18 +216,20 @@ def _calibrate_hint(args: argparse.Namespace, plan: Plan) -> str:
             f"--batch-size {plan.batch_size}`, then --cluster)")
 
 
-def placement_warning(cluster: Cluster, path: str, cores: set[int] | None) -> str | None:
-    """Where stage threads on the CPU run on other cores than ``cluster`` (from ``path``)
-    has them (:func:`executor.cores.threads_on`: ``--cores``), what to do; None where they
-    agree.  A one-core run takes turns where threads placed freely overlap, and the other
+def placement_warning(cluster: Cluster, path: str, cores: set[int] | None,
+                      workers: int) -> str | None:
+    """Where ``workers`` stage threads on the CPU run on other cores than ``cluster`` (from
+    ``path``) has them (:func:`executor.cores.threads_on`: ``--cores``), what to do; None
+    where they agree.  A one-core run takes turns where threads placed freely overlap, and the other
     way round: the small models of the threads grid ran 0.49-0.87x as long on one core."""
     import os
 
-    if not all(d.process for d in cluster.devices):
+    used = cluster.devices[:workers]
+    if not all(d.process for d in used):
         return None  # not stage threads of one process: another mismatch, not placement
-    shared = len({d.resource for d in cluster.devices})
+    shared = len({d.resource for d in used})
     have = len(cores) if cores else len(os.sched_getaffinity(0))
-    want = min(have, len(cluster.devices))
+    want = min(have, workers)
     if shared == want:
         return None
     return (f"{path} has the threads on {shared} core(s), this run on {want}: calibrate "
@@ -366,7 +368,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cluster = Cluster.cpu_threads(plan.n_devices, cores=len(cores))
         elif (args.transport == "threads" and args.device == "cpu" and args.cluster
               and args.cluster not in CLUSTER_PRESETS):  # a calibrated cluster's placement
-            placed = placement_warning(cluster, args.cluster, cores)
+            placed = placement_warning(cluster, args.cluster, cores, plan.n_devices)
             if placed:
                 print(f"pipesim: warning: {placed}", file=sys.stderr)
         predicted = simulate(profile, plan, cluster)
