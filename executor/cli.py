@@ -360,14 +360,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         from pipesim.plot import gantt_pair, memory_pair
         from pipesim.simulator import simulate
 
-        cluster = load_cluster(args.cluster or default_cluster(args.transport, args.device),
-                               plan.n_devices)
         if cores and not args.cluster:  # the preset's threads, taking turns on those cores
             from pipesim.cluster import Cluster
 
             cluster = Cluster.cpu_threads(plan.n_devices, cores=len(cores))
-        elif (args.transport == "threads" and args.device == "cpu" and args.cluster
-              and args.cluster not in CLUSTER_PRESETS):  # a calibrated cluster's placement
+        else:
+            cluster = load_cluster(args.cluster or default_cluster(args.transport, args.device),
+                                   plan.n_devices)
+        if (args.transport == "threads" and args.device == "cpu" and args.cluster
+                and args.cluster not in CLUSTER_PRESETS):  # a calibrated cluster's placement
             placed = placement_warning(cluster, args.cluster, cores, plan.n_devices)
             if placed:
                 print(f"pipesim: warning: {placed}", file=sys.stderr)

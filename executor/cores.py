@@ -31,8 +31,11 @@ def _every_thread(cores: set[int]) -> None:
             os.sched_setaffinity(int(tid), cores)
 
 
-def first_cores(count: int) -> set[int]:
-    """The first ``count`` cores this process may use (``ValueError`` beyond them)."""
+def first_cores(count: int | None) -> set[int] | None:
+    """The first ``count`` cores this process may use (``ValueError`` beyond them); None
+    for None (where the operating system puts the threads: :func:`threads_on`'s None)."""
+    if count is None:
+        return None
     allowed = sorted(os.sched_getaffinity(0))
     if not 1 <= count <= len(allowed):
         raise ValueError(f"cores must be 1 to {len(allowed)} (this process's cores), "

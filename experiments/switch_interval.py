@@ -129,8 +129,7 @@ def main() -> None:
                 for r in range(args.rounds):
                     for v, placement in variants[::-1] if r % 2 else variants:
                         sys.setswitchinterval(v)
-                        count = PLACEMENTS[placement]
-                        with threads_on(None if count is None else first_cores(count)):
+                        with threads_on(first_cores(PLACEMENTS[placement])):
                             times[v, placement].append(iteration_s(pipe, x, y, n))
                         sys.setswitchinterval(default)
             module.zero_grad(set_to_none=True)

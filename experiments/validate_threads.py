@@ -105,7 +105,7 @@ def main() -> None:
         repredict(tag)
         return
     torch.set_num_threads(1)
-    with threads_on(None if args.cores is None else first_cores(args.cores)):
+    with threads_on(first_cores(args.cores)):
         run(args, tag)
 
 

@@ -38,9 +38,10 @@ action ran on it meanwhile, nothing: the device never idled::
     own cores   t0 |F0|.......idle.......|B0'|      B0' pays the curve at the idle
                 t1     |F1|B1|
     one core    t0 |F0|                 |B0|        the core ran F1, B1 meanwhile:
-                t1     |F1|B1|                     B0 runs at the profile's pace  Optional jitter
-multiplies each duration by a seeded log-normal factor (and a straggler's factor).
-While actions overlap on a concurrently shared device, or on a host whose processes slow
+                t1     |F1|B1|                     B0 runs at the profile's pace
+
+Optional jitter multiplies each duration by a seeded log-normal factor (and a
+straggler's factor).  While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
 engine decides when an action runs, that module how fast.  Workers that are threads of
 one process also hold its interpreter for their measured share of each action, one at a
@@ -221,7 +222,8 @@ class _Run:
         self.engines = {e: ProcessorSharing(self.env, interpreter_law) for e in sim.shared_engines}
         self.pairs = {p: PairSharing(self.env, PAIR_KINDS) for p in sim.paired_processes}
         # where workers share a device: how many of its actions run now, and when its last
-        # one ended (-1: none yet) -- the device's idle, which the idle costs are read at
+        # one ended (-1: none yet) -- whether it idled since a worker's own last action,
+        # which alone makes that worker pay its idle costs
         self.device_busy = {r: [0, -1.0] for r in sim.shared_resources}
 
     def _arrive(self, index: int, at: float) -> None:
