@@ -253,9 +253,10 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
     The 2026-11-22 traces were profiled before the profiler timed layers inside
     torch.utils.checkpoint; the 2026-11-23 profile of the same model (same layers, bytes,
     dtype, GPU and torch) did.  What the checkpoint adds is host work (its Python hooks,
-    the random state), so each layer's extra seconds at each size (``ckpt_fwd_s - fwd_s``,
-    ``ckpt_bwd_s - fwd_s - bwd_s``) are carried over, added to this profile's own
-    ``fwd_s`` and ``bwd_s``; likewise the whole model's, checkpointed as one call, so
+    the random state), and what it saves where the device bounds a layer (a backward
+    reading freshly recomputed activations: negative), so each layer's extra seconds at
+    each size (``ckpt_fwd_s - fwd_s``, ``ckpt_bwd_s - fwd_s - bwd_s``) are carried over as
+    measured, added to this profile's own ``fwd_s`` and ``bwd_s``; likewise the whole model's, checkpointed as one call, so
     that a stage pays the checkpoint's entry once, not once a layer
     (:meth:`Profile.isolation_excess`).  A profile that has the columns, or an ``other``
     of another shape, is returned unchanged."""
@@ -272,8 +273,8 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
                                  on=keys, how="left", suffixes=("", "_other"))
     if merged.fwd_extra.isna().any() or (merged.param_bytes != merged.param_bytes_other).any():
         return profile
-    merged["ckpt_fwd_s"] = merged.fwd_s + merged.fwd_extra.clip(lower=0.0)
-    merged["ckpt_bwd_s"] = merged.fwd_s + merged.bwd_s + merged.bwd_extra.clip(lower=0.0)
+    merged["ckpt_fwd_s"] = merged.fwd_s + merged.fwd_extra
+    merged["ckpt_bwd_s"] = merged.fwd_s + merged.bwd_s + merged.bwd_extra
     table = merged.drop(columns=["param_bytes_other", "fwd_extra", "bwd_extra"])
     # and the whole model checkpointed as one call (the profiler's isolation correction:
     # a stage enters the checkpoint once, not once a layer)
@@ -282,9 +283,9 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
     for size, times in whole.items():
         t = their_whole.get(size, {})
         if "ckpt_fwd_s" in t and "ckpt_bwd_s" in t:
-            times["ckpt_fwd_s"] = times["fwd_s"] + max(t["ckpt_fwd_s"] - t["fwd_s"], 0.0)
-            times["ckpt_bwd_s"] = times["fwd_s"] + times["bwd_s"] + max(
-                t["ckpt_bwd_s"] - t["fwd_s"] - t["bwd_s"], 0.0)
+            times["ckpt_fwd_s"] = times["fwd_s"] + t["ckpt_fwd_s"] - t["fwd_s"]
+            times["ckpt_bwd_s"] = (times["fwd_s"] + times["bwd_s"]
+                                   + t["ckpt_bwd_s"] - t["fwd_s"] - t["bwd_s"])
     meta = {**profile.meta, "whole_model": whole, "checkpoint_costs_from": str(other)}
     return Profile(table, meta, profile.source)
 

@@ -105,7 +105,8 @@ def test_profile_measures_host_time_and_checkpoint_costs():
     assert (t["host_fwd_s"] == t["fwd_s"]).all()
     assert {"ckpt_fwd_s", "ckpt_bwd_s"} <= set(prof.meta["whole_model"]["2"])
     span = prof.span_cost(0, prof.n_layers, 2)
-    assert span.ckpt_fwd_extra_s >= 0 and span.ckpt_bwd_extra_s >= 0
+    # what the checkpoint adds (a saving at most half the span's forward: a recomputation)
+    assert span.ckpt_fwd_extra_s >= -span.fwd_s / 2 and span.ckpt_bwd_extra_s >= -span.fwd_s / 2
 
 
 def test_the_whole_models_checkpoint_extra_is_read_against_the_plain_pass_right_after_it(

@@ -593,6 +593,31 @@ def test_a_checkpointed_backward_without_an_idle_curve_costs_its_plain_one_and_t
     assert (replay.actions.end - replay.actions.start).max() == pytest.approx(1.0)
 
 
+def test_a_checkpointed_backward_measured_below_its_forward_and_backward_keeps_the_saving():
+    # a GPU at 8-32 samples: the checkpointed backward (recomputation + backward) measures
+    # less than the plain forward and backward it stands for; the saving is the profile's,
+    # never more than half the span's forward (a recomputation is one)
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+
+    def with_extra(bwd_extra: float) -> Profile:
+        table = prof.table.assign(ckpt_fwd_s=prof.table.fwd_s,
+                                  ckpt_bwd_s=prof.table.fwd_s + prof.table.bwd_s + bwd_extra)
+        return Profile(table, prof.meta, prof.source)
+
+    plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
+
+    def backwards(p: Profile) -> list[float]:
+        b = simulate(p, plan, Cluster([Device("a"), Device("b")])).actions.query("kind == 'B'")
+        return (b.end - b.start).tolist()
+
+    assert backwards(with_extra(0.0)) == pytest.approx([3.0, 3.0])
+    assert backwards(with_extra(-0.25)) == pytest.approx([2.75, 2.75])
+    assert backwards(with_extra(+0.25)) == pytest.approx([3.25, 3.25])
+    assert backwards(with_extra(-2.5)) == pytest.approx([2.5, 2.5])  # half the forward
+    span = with_extra(-0.25).span_cost(0, 2, 1)
+    assert (span.ckpt_fwd_extra_s, span.ckpt_bwd_extra_s) == pytest.approx((0.0, -0.5))
+
+
 def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
     from pipesim.cluster import CheckpointExtra
     from pipesim.errors import ClusterError
