@@ -256,9 +256,9 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
     the random state), and what it saves where the device bounds a layer (a backward
     reading freshly recomputed activations: negative), so each layer's extra seconds at
     each size (``ckpt_fwd_s - fwd_s``, ``ckpt_bwd_s - fwd_s - bwd_s``) are carried over as
-    measured, added to this profile's own ``fwd_s`` and ``bwd_s``; likewise the whole model's, checkpointed as one call, so
-    that a stage pays the checkpoint's entry once, not once a layer
-    (:meth:`Profile.isolation_excess`).  A profile that has the columns, or an ``other``
+    measured, added to this profile's own ``fwd_s`` and ``bwd_s``; likewise the whole
+    model's, checkpointed as one call, so that a stage pays the checkpoint's entry once,
+    not once a layer (:meth:`Profile.isolation_excess`).  A profile that has the columns, or an ``other``
     of another shape, is returned unchanged."""
     if all(c in profile.table for c in CHECKPOINT_COLUMNS) or not other.exists():
         return profile

@@ -366,18 +366,20 @@ class Profile:
             # model checkpointed as one call is removed as for the plain times.
             # It may also save: where the device bounds a layer (a GPU at 8-32 samples, a
             # CPU's large GPT), a checkpointed backward measures below the forward and
-            # backward it stands for (recomputed activations read back while fresh; the
-            # H100 and H200 profiles of the GPT, whole model, 8-10% of its forward, and
-            # its recorded runs' checkpointed backwards alike), so the extra is kept as
-            # measured, saving included -- never more than half the span's forward, a
-            # recomputation being one (a guard against a noisy reading, as above)
+            # backward it stands for (the H100 and H200 profiles of the GPT, whole model,
+            # 8-15% of its forward, and its recorded runs' checkpointed backwards alike).
+            # A saving is kept as far as the whole model measured one, in proportion to
+            # the span's forward (layers timed one at a time read savings the whole does
+            # not: a small layer's noise), never beyond half the span's forward
             ckpt_fwd = float((cols["ckpt_fwd_s"] - cols["fwd_s"]).sum())
             ckpt_bwd = float((cols["ckpt_bwd_s"] - cols["fwd_s"] - cols["bwd_s"]).sum())
             ck = self.isolation_excess(micro_batch, extrapolate=extrapolate, checkpointed=True)
             if ck is not None:
                 ckpt_fwd -= share * ck[0]
                 ckpt_bwd -= share * ck[1]
-            ckpt_fwd, ckpt_bwd = max(ckpt_fwd, -fwd_s / 2), max(ckpt_bwd, -fwd_s / 2)
+            saving = self.checkpoint_saving(micro_batch, extrapolate=extrapolate)
+            ckpt_fwd = max(ckpt_fwd, -min(saving[0], 0.5) * fwd_s)
+            ckpt_bwd = max(ckpt_bwd, -min(saving[1], 0.5) * fwd_s)
         fwd_transient = bwd_transient = fwd_temp = 0.0
         if "fwd_transient_bytes" in cols:
             # the forward of layer i runs on top of what layers before it saved
@@ -505,6 +507,35 @@ class Profile:
             else:
                 cache[key] = (ex_f[lo] * (1 - w) + ex_f[hi] * w, ex_b[lo] * (1 - w) + ex_b[hi] * w)
         return cache[key]
+
+    def checkpoint_saving(self, micro_batch: float, *, extrapolate: bool = False
+                          ) -> tuple[float, float]:
+        """``(forward, backward)``: what checkpointing the whole model as one call saved
+        (``meta["whole_model"]``: the plain forward and backward less the checkpointed
+        ones, the recomputation counted as a forward), as shares of the whole model's
+        plain forward, linear between measured sizes and the nearest one outside them;
+        ``(0, 0)`` where it cost more, or was not measured::
+
+            plain          |== F ==|========= B =========|
+            checkpointed   |== F' =|== R ==|===== B' ====|
+
+            forward: (F - F') / F        backward: (F + B - (R + B')) / F
+
+        (a GPT on a GPU at 8-32 samples: backward 0.08-0.15; its recomputed activations
+        are read back while fresh)
+        """
+        whole = self.meta.get("whole_model") or {}
+        sizes = sorted(int(k) for k in whole)
+        if (not sizes or sizes != list(self.micro_batch_sizes)
+                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)]) for b in sizes)):
+            return 0.0, 0.0
+        shares = np.array([[(t["fwd_s"] - t["ckpt_fwd_s"]) / t["fwd_s"],
+                            (t["fwd_s"] + t["bwd_s"] - t["ckpt_bwd_s"]) / t["fwd_s"]]
+                           for t in (whole[str(b)] for b in sizes)])
+        lo, hi, w = self._weights(micro_batch, extrapolate)
+        w = min(max(w, 0.0), 1.0)  # outside the sizes: the nearest one's share
+        forward, backward = shares[lo] * (1 - w) + shares[hi] * w
+        return max(float(forward), 0.0), max(float(backward), 0.0)
 
     def stream_speedup(self, micro_batch: float) -> list[float] | None:
         """The measured concurrency law at ``micro_batch`` (``meta["stream_speedup"]``, see

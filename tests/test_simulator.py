@@ -595,14 +595,18 @@ def test_a_checkpointed_backward_without_an_idle_curve_costs_its_plain_one_and_t
 
 def test_a_checkpointed_backward_measured_below_its_forward_and_backward_keeps_the_saving():
     # a GPU at 8-32 samples: the checkpointed backward (recomputation + backward) measures
-    # less than the plain forward and backward it stands for; the saving is the profile's,
-    # never more than half the span's forward (a recomputation is one)
-    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    # less than the plain forward and backward it stands for.  The saving is kept as far
+    # as the whole model, checkpointed as one call, measured one too, never beyond half
+    # the span's forward (a recomputation is one)
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer; sizes 1 and 64
 
-    def with_extra(bwd_extra: float) -> Profile:
+    def with_extra(layer_extra: float, whole_extra: float | None = None) -> Profile:
         table = prof.table.assign(ckpt_fwd_s=prof.table.fwd_s,
-                                  ckpt_bwd_s=prof.table.fwd_s + prof.table.bwd_s + bwd_extra)
-        return Profile(table, prof.meta, prof.source)
+                                  ckpt_bwd_s=prof.table.fwd_s + prof.table.bwd_s + layer_extra)
+        whole = {str(b): {"fwd_s": 2.0 * b, "bwd_s": 4.0 * b, "ckpt_fwd_s": 2.0 * b,
+                          "ckpt_bwd_s": 6.0 * b + (2 * layer_extra if whole_extra is None
+                                                   else whole_extra)} for b in (1, 64)}
+        return Profile(table, {**prof.meta, "whole_model": whole}, prof.source)
 
     plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
 
@@ -611,8 +615,15 @@ def test_a_checkpointed_backward_measured_below_its_forward_and_backward_keeps_t
         return (b.end - b.start).tolist()
 
     assert backwards(with_extra(0.0)) == pytest.approx([3.0, 3.0])
-    assert backwards(with_extra(-0.25)) == pytest.approx([2.75, 2.75])
     assert backwards(with_extra(+0.25)) == pytest.approx([3.25, 3.25])
+    assert backwards(with_extra(-0.25)) == pytest.approx([2.75, 2.75])
+    assert with_extra(-0.25).checkpoint_saving(1) == pytest.approx((0.0, 0.25))
+    # the layers read a saving the whole model does not: none is kept
+    assert backwards(with_extra(-0.25, whole_extra=0.0)) == pytest.approx([3.0, 3.0])
+    # nor without a whole-model reading
+    bare = with_extra(-0.25)
+    bare = Profile(bare.table, {"device": "synthetic"}, bare.source)
+    assert backwards(bare) == pytest.approx([3.0, 3.0])
     assert backwards(with_extra(-2.5)) == pytest.approx([2.5, 2.5])  # half the forward
     span = with_extra(-0.25).span_cost(0, 2, 1)
     assert (span.ckpt_fwd_extra_s, span.ckpt_bwd_extra_s) == pytest.approx((0.0, -0.5))
