@@ -258,8 +258,9 @@ def _with_checkpoint_costs(profile: Profile, other: Path) -> Profile:
     each size (``ckpt_fwd_s - fwd_s``, ``ckpt_bwd_s - fwd_s - bwd_s``) are carried over as
     measured, added to this profile's own ``fwd_s`` and ``bwd_s``; likewise the whole
     model's, checkpointed as one call, so that a stage pays the checkpoint's entry once,
-    not once a layer (:meth:`Profile.isolation_excess`).  A profile that has the columns, or an ``other``
-    of another shape, is returned unchanged."""
+    not once a layer (:meth:`Profile.isolation_excess`), and keeps a saving as far as the
+    whole model measured one (:meth:`Profile.checkpoint_saving`).  A profile that has the
+    columns, or an ``other`` of another shape, is returned unchanged."""
     if all(c in profile.table for c in CHECKPOINT_COLUMNS) or not other.exists():
         return profile
     donor = Profile.load(other)
