@@ -54,7 +54,8 @@ class StageCost:
     #: whose backward is split runs without it
     ckpt_fwd_extra_s: float = 0.0
     #: what torch.utils.checkpoint adds to ``bwd_s`` beside the recomputation (0 unless
-    #: checkpointed): ``bwd_s - ckpt_bwd_extra_s`` is the plain backward
+    #: checkpointed; below 0 where it saves): ``bwd_s - ckpt_bwd_extra_s`` is the plain
+    #: backward
     ckpt_bwd_extra_s: float = 0.0
     #: the backward's walk back through the stage's layers, last layer first: per layer
     #: ``(start, end, parameter share, saved share)`` -- when its backward starts and ends

@@ -167,8 +167,9 @@ class LayerCost:
     #: the one before the Stash layers it ends in): a recomputation makes it anew
     output_saved_bytes: float = 0.0
     #: what ``torch.utils.checkpoint`` adds over ``fwd_s`` to the forward, and over
-    #: ``fwd_s + bwd_s`` (recomputation and backward) to the backward; 0 when the
-    #: profile did not measure it
+    #: ``fwd_s + bwd_s`` (recomputation and backward) to the backward, seconds; below 0
+    #: where it saves (:meth:`Profile.checkpoint_saving`); 0 when the profile did not
+    #: measure it
     ckpt_fwd_extra_s: float = 0.0
     ckpt_bwd_extra_s: float = 0.0
     #: bytes held only while the span's forward runs, above what the forward had kept so
