@@ -528,7 +528,8 @@ class Profile:
         whole = self.meta.get("whole_model") or {}
         sizes = sorted(int(k) for k in whole)
         if (not sizes or sizes != list(self.micro_batch_sizes)
-                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)]) for b in sizes)):
+                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)])
+                           and whole[str(b)]["fwd_s"] > 0 for b in sizes)):
             return 0.0, 0.0
         shares = np.array([[(t["fwd_s"] - t["ckpt_fwd_s"]) / t["fwd_s"],
                             (t["fwd_s"] + t["bwd_s"] - t["ckpt_bwd_s"]) / t["fwd_s"]]
