@@ -220,6 +220,34 @@ class Profile:
         self.interpreter_slowdown(1.0)
         self.engine_interpreter_share(1.0)
         self.pair_slowdown(1.0)
+        self._validate_whole_model()
+
+    def _validate_whole_model(self) -> None:
+        """``meta["whole_model"]``, where present: per micro-batch size, a mapping whose
+        ``fwd_s`` and ``bwd_s`` are positive seconds and whose other entries (``ckpt_*``,
+        ``split_s``, ...) are seconds too; a ProfileError names the size and entry."""
+        whole = self.meta.get("whole_model")
+        if not whole:
+            return
+        where = f"{self.source}: meta['whole_model']"
+        if not isinstance(whole, dict):
+            raise ProfileError(f"{where} must map a micro-batch size to its seconds, "
+                               f"got {type(whole).__name__}")
+        for size, times in whole.items():
+            if not isinstance(times, dict):
+                raise ProfileError(f"{where}[{size!r}] must be a mapping of seconds, "
+                                   f"got {times!r}")
+            for key in ("fwd_s", "bwd_s"):
+                if key not in times:
+                    raise ProfileError(f"{where}[{size!r}] has no {key!r}")
+            for key, value in times.items():
+                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                      and math.isfinite(value) and value >= 0
+                      and (value > 0 or key not in ("fwd_s", "bwd_s")))
+                if not ok:
+                    raise ProfileError(f"{where}[{size!r}][{key!r}] must be "
+                                       f"{'positive' if key in ('fwd_s', 'bwd_s') else 'non-negative'}"
+                                       f" seconds, got {value!r}")
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -528,8 +556,7 @@ class Profile:
         whole = self.meta.get("whole_model") or {}
         sizes = sorted(int(k) for k in whole)
         if (not sizes or sizes != list(self.micro_batch_sizes)
-                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)])
-                           and whole[str(b)]["fwd_s"] > 0 for b in sizes)):
+                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)]) for b in sizes)):
             return 0.0, 0.0
         shares = np.array([[(t["fwd_s"] - t["ckpt_fwd_s"]) / t["fwd_s"],
                             (t["fwd_s"] + t["bwd_s"] - t["ckpt_bwd_s"]) / t["fwd_s"]]

@@ -97,6 +97,23 @@ def test_missing_file_and_bad_metadata(tmp_path, good_table):
         Profile.load(path)
 
 
+def test_whole_model_readings_are_validated(tmp_path, good_table):
+    import json
+
+    path = write_table(tmp_path, good_table, "p.csv")
+    for whole, message in (
+            ({"1": {"bwd_s": 2.0}}, r"p\.csv: meta\['whole_model'\]\['1'\] has no 'fwd_s'"),
+            ({"1": {"fwd_s": 1.0, "bwd_s": 0.0}},
+             r"\['1'\]\['bwd_s'\] must be positive seconds, got 0\.0"),
+            ({"1": {"fwd_s": 1.0, "bwd_s": 2.0, "ckpt_bwd_s": "slow"}},
+             r"\['1'\]\['ckpt_bwd_s'\] must be non-negative seconds, got 'slow'"),
+            ({"1": [1.0, 2.0]}, r"\['1'\] must be a mapping of seconds"),
+            ([1.0], r"must map a micro-batch size to its seconds, got list")):
+        path.with_suffix(".json").write_text(json.dumps({"whole_model": whole}))
+        with pytest.raises(ProfileError, match=message):
+            Profile.load(path)
+
+
 def test_loading_never_changes_the_file(tmp_path, good_table):
     good_table.loc[0, "fwd_s"] = -1.0
     path = write_table(tmp_path, good_table)
