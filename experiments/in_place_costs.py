@@ -127,8 +127,6 @@ def main() -> None:
     print(f"wrote {path}")
 
 
-
-
 def _grid_alone(actions: pd.DataFrame, model: str, balance: list[int], stage: int,
                 chunks: int, checkpointed: bool) -> dict[str, float]:
     """The latest grid's median seconds of the stage's forwards and backwards that ran

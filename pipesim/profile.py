@@ -241,13 +241,12 @@ class Profile:
                 if key not in times:
                     raise ProfileError(f"{where}[{size!r}] has no {key!r}")
             for key, value in times.items():
-                ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                      and math.isfinite(value) and value >= 0
-                      and (value > 0 or key not in ("fwd_s", "bwd_s")))
-                if not ok:
+                plain = key in ("fwd_s", "bwd_s")  # the pass itself: never free
+                if not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                        and math.isfinite(value) and (value > 0 if plain else value >= 0)):
                     raise ProfileError(f"{where}[{size!r}][{key!r}] must be "
-                                       f"{'positive' if key in ('fwd_s', 'bwd_s') else 'non-negative'}"
-                                       f" seconds, got {value!r}")
+                                       f"{'positive' if plain else 'non-negative'} seconds, "
+                                       f"got {value!r}")
 
     # ----------------------------------------------------------------- shape
     @cached_property
@@ -553,18 +552,27 @@ class Profile:
         (a GPT on a GPU at 8-32 samples: backward 0.08-0.15; its recomputed activations
         are read back while fresh)
         """
-        whole = self.meta.get("whole_model") or {}
-        sizes = sorted(int(k) for k in whole)
-        if (not sizes or sizes != list(self.micro_batch_sizes)
-                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)]) for b in sizes)):
+        shares = self._checkpoint_shares
+        if shares is None:
             return 0.0, 0.0
-        shares = np.array([[(t["fwd_s"] - t["ckpt_fwd_s"]) / t["fwd_s"],
-                            (t["fwd_s"] + t["bwd_s"] - t["ckpt_bwd_s"]) / t["fwd_s"]]
-                           for t in (whole[str(b)] for b in sizes)])
         lo, hi, w = self._weights(micro_batch, extrapolate)
         w = min(max(w, 0.0), 1.0)  # outside the sizes: the nearest one's share
         forward, backward = shares[lo] * (1 - w) + shares[hi] * w
         return max(float(forward), 0.0), max(float(backward), 0.0)
+
+    @cached_property
+    def _checkpoint_shares(self) -> np.ndarray | None:
+        """:meth:`checkpoint_saving`'s shares at each profiled size, ``[[forward,
+        backward], ...]`` (read once); None without a whole-model checkpointed reading at
+        every size."""
+        whole = self.meta.get("whole_model") or {}
+        sizes = sorted(int(k) for k in whole)
+        if (not sizes or sizes != list(self.micro_batch_sizes)
+                or not all({"ckpt_fwd_s", "ckpt_bwd_s"} <= set(whole[str(b)]) for b in sizes)):
+            return None
+        return np.array([[(t["fwd_s"] - t["ckpt_fwd_s"]) / t["fwd_s"],
+                          (t["fwd_s"] + t["bwd_s"] - t["ckpt_bwd_s"]) / t["fwd_s"]]
+                         for t in (whole[str(b)] for b in sizes)])
 
     def stream_speedup(self, micro_batch: float) -> list[float] | None:
         """The measured concurrency law at ``micro_batch`` (``meta["stream_speedup"]``, see
