@@ -17,8 +17,11 @@ and splits the prediction's error into its parts, measured rather than fitted:
   (:func:`executor.calibrate.measure_gaps`): how the gaps grow with a message's bytes.
 
     python experiments/action_costs.py [--run experiments/results] [--tag cpu] [--gap-sizes]
+    python experiments/action_costs.py --git 12    # the last 12 committed grids pooled
 Writes experiments/results/action_costs.csv (per plan, stage, pass and overlap class: the
-ratio's median and mean), action_costs_gaps.csv and action_costs.json.
+ratio's median and mean), action_costs_gaps.csv and action_costs.json; with ``--git N``
+action_costs_pooled.csv/.json (per model, idle bin and overlap class; and per run the
+host contention an action meets in the pipeline against the calibrated one).
 """
 
 from __future__ import annotations
@@ -72,10 +75,22 @@ def beside_shares(iteration: pd.DataFrame) -> list[float]:
     return out
 
 
+def idles_before(iteration: pd.DataFrame) -> list[float]:
+    """Each of one iteration's compute actions, in their order: seconds since its device's
+    previous compute action of the iteration ended (NaN for the device's first)."""
+    ended: dict[int, float] = {}
+    out = []
+    for r in iteration.itertuples():
+        out.append(r.start - ended[r.device] if r.device in ended else float("nan"))
+        ended[r.device] = max(ended.get(r.device, r.end), r.end)
+    return out
+
+
 def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: Cluster,
                   batch: int) -> pd.DataFrame:
     """One row per measured compute action: its seconds, the simulator's seconds for it
-    alone (``host_contention`` 0), and the share of it beside another rank's compute."""
+    alone (``host_contention`` 0), the share of it beside another rank's compute, and the
+    idle before it on its device (``idle_s``)."""
     alone = dataclasses.replace(cluster, host_contention=0.0, host_slowdowns=())
     compute = actions[actions.kind.isin(["F", "B"])]
     rows = []
@@ -85,14 +100,75 @@ def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: 
         predicted = {(step.stage, step.kind, mb): step.seconds
                      for program in sim.programs for mb, step in program}
         for _, it in part.groupby("iteration"):
-            for r, share in zip(it.itertuples(), beside_shares(it), strict=True):
+            it = it.sort_values("start")
+            for r, share, idle in zip(it.itertuples(), beside_shares(it), idles_before(it),
+                                      strict=True):
                 rows.append((model, ",".join(map(str, plan.balance)), plan.n_microbatches,
                              plan.checkpoint, r.stage, r.kind, r.end - r.start,
-                             predicted[(r.stage, r.kind, r.microbatch)], share))
+                             predicted[(r.stage, r.kind, r.microbatch)], share, idle))
     out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "stage", "kind",
-                                      "measured_s", "predicted_alone_s", "beside_share"])
+                                      "measured_s", "predicted_alone_s", "beside_share",
+                                      "idle_s"])
     return out.assign(ratio=out.measured_s / out.predicted_alone_s,
                       overlap=out.beside_share.map(overlap_class))
+
+
+#: bins of the idle before an action (ms): its input there (hot), a short wait, a long one
+IDLE_BINS = ((-np.inf, 0.3, "hot <= 0.3 ms"), (0.3, 3.0, "0.3-3 ms"), (3.0, np.inf, "> 3 ms"))
+
+
+def idle_bin(idle_s: float) -> str:
+    """The :data:`IDLE_BINS` label of ``idle_s`` seconds (a device's first action: none)."""
+    if np.isnan(idle_s):
+        return "first"
+    return next(label for low, high, label in IDLE_BINS if low < idle_s * 1e3 <= high)
+
+
+def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The last ``count`` committed CPU grids' actions, each against the seconds today's
+    model gives it alone from that run's own profiles and readings
+    (:func:`experiments.validation.saved_grid`, host contention 0): ``(table, contention)``.
+
+    ``table``: per model, idle bin (:func:`idle_bin`) and overlap class, the median ratio
+    over every action of every run.  ``contention``: per run and model, what overlapping
+    the other rank's compute cost an action whose input was there (the median, over
+    stage, pass, size and checkpoint mode, of its overlapping actions' median ratio over
+    its lone ones', less 1: the in-pipeline figure the host law charges), beside the
+    contention the run was predicted with (the calibration's small MLP, bracketed) and the
+    model's own layers in the same loop (``host_contention_model_readings``)."""
+    import tempfile
+
+    from experiments.grid_history import committed_runs
+    from experiments.validation import saved_grid
+
+    parts, pairs = [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for folder in committed_runs(count, Path(tmp), also=("validation_{tag}_actions.csv.gz",)):
+            path = folder / "validation_cpu_actions.csv.gz"
+            if not path.exists():  # older runs kept no actions
+                continue
+            saved = saved_grid(folder)
+            summary = json.loads((folder / "validation_cpu.json").read_text()).get("summary", {})
+            own = summary.get("host_contention_model_readings") or {}
+            actions = pd.read_csv(path)
+            for model in actions.model.unique():
+                t = action_ratios(actions[actions.model == model], saved.profiles,
+                                  saved.clusters[model], saved.batch)
+                t = t.assign(run=folder.name, idle=t.idle_s.map(idle_bin))
+                parts.append(t)
+                hot = t[t.idle == IDLE_BINS[0][2]]
+                by = (hot.groupby(["stage", "kind", "chunks", "checkpoint", "overlap"]).ratio
+                      .median().unstack("overlap"))
+                if {"alone", "overlapping"} <= set(by.columns):
+                    rel = (by.overlapping / by.alone).dropna()
+                    pairs.append({"run": folder.name, "model": model, "groups": len(rel),
+                                  "in_pipeline": float(rel.median() - 1.0),
+                                  "predicted_with": saved.clusters[model].host_contention,
+                                  "own_layers": own.get(model, np.nan)})
+    table = pd.concat(parts)
+    paces = (table.groupby(["model", "idle", "overlap"]).ratio.agg(["median", "size"])
+             .reset_index().rename(columns={"median": "ratio_median", "size": "actions"}))
+    return paces, pd.DataFrame(pairs)
 
 
 def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFrame:
@@ -111,13 +187,37 @@ def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFra
             .median().reset_index())
 
 
+def pooled_report(count: int) -> None:
+    """Print and write :func:`pooled_paces` for the last ``count`` committed grids."""
+    paces, contention = pooled_paces(count)
+    with pd.option_context("display.width", 160):
+        print(f"measured action / predicted alone (median), {contention.run.nunique()} runs, "
+              "by the idle before it and its time beside the other rank")
+        print(paces.pivot_table(index=["model", "idle"], columns="overlap",
+                                values="ratio_median").round(3).to_string())
+        print("host contention: in the pipeline (hot actions, overlapping / alone - 1) "
+              "against the calibration's and the model's own layers' (medians over runs)")
+        print(contention.groupby("model")[["in_pipeline", "predicted_with", "own_layers"]]
+              .median().round(3).to_string())
+    write_results("action_costs_pooled", paces, {
+        **machine(), "runs": sorted(contention.run.unique()),
+        "contention": contention.to_dict(orient="records")})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", type=Path, default=RESULTS, help="a validate.py results folder")
     ap.add_argument("--tag", default="cpu")
     ap.add_argument("--gap-sizes", action="store_true",
                     help="also run the calibration pipeline with larger messages (~1 min)")
+    ap.add_argument("--git", type=int, default=0, metavar="N",
+                    help="pool the last N committed CPU grids instead: each action's pace "
+                    "by the idle before it and its overlap, and the host contention in "
+                    "the pipeline against the calibrated one (action_costs_pooled.csv)")
     args = ap.parse_args()
+    if args.git:
+        pooled_report(args.git)
+        return
     actions = pd.read_csv(args.run / f"validation_{args.tag}_actions.csv.gz")
     cluster = Cluster.load(args.run / f"calibration_{args.tag}.json")
     meta = json.loads((args.run / f"validation_{args.tag}.json").read_text())

@@ -2003,6 +2003,25 @@ def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone
     assert f.loc[(0, "overlapping"), "ratio"] == pytest.approx(1.5)
     assert f.loc[(1, "overlapping"), "ratio"] == pytest.approx(1.5)
     assert [overlap_class(x) for x in (0.05, 0.5, 0.95)] == ["alone", "partly", "overlapping"]
+    # the idle before each action on its device: a device's first action has none (stage
+    # 0's F0, stage 1's F0); stage 0's F1 follows its F0 at once
+    idle = table.set_index(["stage", "kind", "overlap"]).idle_s
+    assert np.isnan(idle.loc[(0, "F", "alone")]) and np.isnan(idle.loc[(1, "F", "overlapping")])
+    assert idle.loc[(0, "F", "overlapping")] == pytest.approx(0.0)
+
+
+def test_action_costs_bins_an_action_by_the_idle_before_it():
+    from experiments.action_costs import idle_bin, idles_before
+
+    #   device 0  |==|  |====|         device 1     |==|      |=|
+    #             0  1  2    4                      2  3      6 7
+    actions = pd.DataFrame([(0, 0.0, 1.0), (0, 2.0, 4.0), (1, 2.0, 3.0), (1, 6.0, 7.0)],
+                           columns=["device", "start", "end"])
+    idles = idles_before(actions)
+    assert np.isnan(idles[0]) and np.isnan(idles[2])
+    assert (idles[1], idles[3]) == (1.0, 3.0)
+    assert [idle_bin(x) for x in (float("nan"), 0.0001, 0.002, 0.02)] == [
+        "first", "hot <= 0.3 ms", "0.3-3 ms", "> 3 ms"]
 
 
 def test_an_overtaking_is_a_later_backward_of_the_other_stage_ending_first():
