@@ -21,7 +21,9 @@ and splits the prediction's error into its parts, measured rather than fitted:
 Writes experiments/results/action_costs.csv (per plan, stage, pass and overlap class: the
 ratio's median and mean), action_costs_gaps.csv and action_costs.json; with ``--git N``
 action_costs_pooled.csv/.json (per model, idle bin and overlap class; and per run the
-host contention an action meets in the pipeline against the calibrated one).
+host contention an action meets in the pipeline against the calibrated one) and
+action_costs_laws.csv/.json (each plan's compute seconds and iteration, measured and
+predicted under each host law: :func:`busy_by_law`).
 """
 
 from __future__ import annotations
@@ -141,7 +143,7 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     from experiments.grid_history import committed_runs
     from experiments.validation import saved_grid
 
-    parts, pairs = [], []
+    parts, pairs, laws = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for folder in committed_runs(count, Path(tmp), also=("validation_{tag}_actions.csv.gz",)):
             path = folder / "validation_cpu_actions.csv.gz"
@@ -159,6 +161,9 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
                 hot = t[t.idle == IDLE_BINS[0][2]]
                 by = (hot.groupby(["stage", "kind", "chunks", "checkpoint", "overlap"]).ratio
                       .median().unstack("overlap"))
+                laws += busy_by_law(actions[actions.model == model], saved.profiles[model],
+                                    saved.clusters[model], saved.batch,
+                                    own.get(model, np.nan), folder.name)
                 if {"alone", "overlapping"} <= set(by.columns):
                     rel = (by.overlapping / by.alone).dropna()
                     pairs.append({"run": folder.name, "model": model, "groups": len(rel),
@@ -168,7 +173,41 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.concat(parts)
     paces = (table.groupby(["model", "idle", "overlap"]).ratio.agg(["median", "size"])
              .reset_index().rename(columns={"median": "ratio_median", "size": "actions"}))
-    return paces, pd.DataFrame(pairs)
+    return paces, pd.DataFrame(pairs), pd.DataFrame(laws)
+
+
+#: the host laws :func:`busy_by_law` predicts each plan with: the contention the run was
+#: predicted with (the calibration's small MLP), the model's own layers' reading, none
+LAWS = ("calibrated", "own_layers", "none")
+
+
+def busy_by_law(actions: pd.DataFrame, profile: Profile, cluster: Cluster, batch: int,
+                own: float, run: str) -> list[dict]:
+    """Per plan of one model's grid run: its compute seconds (every F and B summed, the
+    median over iterations) and its iteration, measured, and predicted under each of
+    :data:`LAWS`: whether a law gets the actions' seconds right, apart from the
+    iteration they make (the time between actions is the rest)."""
+    from pipesim.simulator import simulate
+    from pipesim.trace import metrics
+
+    rows = []
+    for label, part in actions[actions.kind.isin(["F", "B"])].groupby("plan"):
+        plan = parse_plan(label, batch)
+        its = part.groupby("iteration")
+        row = {"run": run, "model": part.model.iloc[0], "plan": label,
+               "busy_ms": 1e3 * float(np.median([(g.end - g.start).sum() for _, g in its])),
+               "iteration_ms": 1e3 * float(np.median([g.end.max() - g.start.min()
+                                                      for _, g in its]))}
+        for law, contention in zip(LAWS, (cluster.host_contention, own, 0.0), strict=True):
+            if np.isnan(contention):
+                continue
+            trace = simulate(profile, plan, dataclasses.replace(cluster, host_contention=contention),
+                             track_memory=False)
+            compute = trace.actions[trace.actions.kind.isin(["F", "B"])]
+            row[f"busy_ms_{law}"] = 1e3 * float((compute.end - compute.start).sum())
+            row[f"iteration_ms_{law}"] = 1e3 * metrics(trace).iteration_time_s
+        rows.append(row)
+    return rows
 
 
 def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFrame:
@@ -189,7 +228,7 @@ def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFra
 
 def pooled_report(count: int) -> None:
     """Print and write :func:`pooled_paces` for the last ``count`` committed grids."""
-    paces, contention = pooled_paces(count)
+    paces, contention, laws = pooled_paces(count)
     with pd.option_context("display.width", 160):
         print(f"measured action / predicted alone (median), {contention.run.nunique()} runs, "
               "by the idle before it and its time beside the other rank")
@@ -199,6 +238,15 @@ def pooled_report(count: int) -> None:
               "against the calibration's and the model's own layers' (medians over runs)")
         print(contention.groupby("model")[["in_pipeline", "predicted_with", "own_layers"]]
               .median().round(3).to_string())
+    errors = pd.DataFrame({"model": laws.model})
+    for law in LAWS:
+        for what in ("busy", "iteration"):
+            errors[f"{what}_{law}"] = 100 * (laws[f"{what}_ms_{law}"] / laws[f"{what}_ms"] - 1)
+    with pd.option_context("display.width", 160):
+        print("each plan's compute seconds (busy) and iteration, predicted under each host law "
+              "against measured: median signed error %, per model")
+        print(errors.groupby("model").median().round(1).to_string())
+    write_results("action_costs_laws", laws, {**machine(), "laws": list(LAWS)})
     write_results("action_costs_pooled", paces, {
         **machine(), "runs": sorted(contention.run.unique()),
         "contention": contention.to_dict(orient="records")})

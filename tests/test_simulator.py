@@ -2010,6 +2010,21 @@ def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone
     assert idle.loc[(0, "F", "overlapping")] == pytest.approx(0.0)
 
 
+def test_action_costs_predicts_a_runs_busy_seconds_under_each_host_law():
+    from experiments.action_costs import busy_by_law
+
+    prof = uniform_profile(2)
+    host = Cluster([Device("a", host="h"), Device("b", host="h")], host_contention=0.5)
+    # a "run" that is the simulation under the calibrated law: that law predicts it exactly,
+    # no contention predicts less busy time (its overlapping actions at their profile)
+    trace = simulate(prof, Plan([1, 1], 2, 2, checkpoint="never"), host)
+    actions = trace.actions.assign(model="m", plan="gpipe [1,1] m=2 ckpt=never")
+    (row,) = busy_by_law(actions, prof, host, 2, own=0.25, run="r")
+    assert row["busy_ms_calibrated"] == pytest.approx(row["busy_ms"])
+    assert row["iteration_ms_calibrated"] == pytest.approx(row["iteration_ms"])
+    assert row["busy_ms_none"] < row["busy_ms_own_layers"] < row["busy_ms"]
+
+
 def test_action_costs_bins_an_action_by_the_idle_before_it():
     from experiments.action_costs import idle_bin, idles_before
 
