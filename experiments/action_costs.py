@@ -88,11 +88,25 @@ def idles_before(iteration: pd.DataFrame) -> list[float]:
     return out
 
 
+def kinds_before(iteration: pd.DataFrame) -> list[str]:
+    """Each of one iteration's compute actions, in their order: what its device ran just
+    before it -- ``"same"`` pass (a forward after a forward: GPipe's forward phase),
+    ``"other"`` (a forward after a backward: 1F1B's steady state) or ``"first"``."""
+    last: dict[int, str] = {}
+    out = []
+    for r in iteration.itertuples():
+        out.append("first" if r.device not in last
+                   else "same" if last[r.device] == r.kind else "other")
+        last[r.device] = r.kind
+    return out
+
+
 def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: Cluster,
                   batch: int) -> pd.DataFrame:
     """One row per measured compute action: its seconds, the simulator's seconds for it
-    alone (``host_contention`` 0), the share of it beside another rank's compute, and the
-    idle before it on its device (``idle_s``)."""
+    alone (``host_contention`` 0), the share of it beside another rank's compute, the idle
+    before it on its device (``idle_s``) and what that device ran before it (``before``:
+    :func:`kinds_before`)."""
     alone = dataclasses.replace(cluster, host_contention=0.0, host_slowdowns=())
     compute = actions[actions.kind.isin(["F", "B"])]
     rows = []
@@ -103,14 +117,14 @@ def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: 
                      for program in sim.programs for mb, step in program}
         for _, it in part.groupby("iteration"):
             it = it.sort_values("start")
-            for r, share, idle in zip(it.itertuples(), beside_shares(it), idles_before(it),
-                                      strict=True):
+            for r, share, idle, before in zip(it.itertuples(), beside_shares(it),
+                                              idles_before(it), kinds_before(it), strict=True):
                 rows.append((model, ",".join(map(str, plan.balance)), plan.n_microbatches,
                              plan.checkpoint, r.stage, r.kind, r.end - r.start,
-                             predicted[(r.stage, r.kind, r.microbatch)], share, idle))
+                             predicted[(r.stage, r.kind, r.microbatch)], share, idle, before))
     out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "stage", "kind",
                                       "measured_s", "predicted_alone_s", "beside_share",
-                                      "idle_s"])
+                                      "idle_s", "before"])
     return out.assign(ratio=out.measured_s / out.predicted_alone_s,
                       overlap=out.beside_share.map(overlap_class))
 
@@ -126,10 +140,11 @@ def idle_bin(idle_s: float) -> str:
     return next(label for low, high, label in IDLE_BINS if low < idle_s * 1e3 <= high)
 
 
-def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """The last ``count`` committed CPU grids' actions, each against the seconds today's
     model gives it alone from that run's own profiles and readings
-    (:func:`experiments.validation.saved_grid`, host contention 0): ``(table, contention)``.
+    (:func:`experiments.validation.saved_grid`, host contention 0): ``(table, contention,
+    laws, repeats)``.
 
     ``table``: per model, idle bin (:func:`idle_bin`) and overlap class, the median ratio
     over every action of every run.  ``contention``: per run and model, what overlapping
@@ -137,7 +152,10 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     stage, pass, size and checkpoint mode, of its overlapping actions' median ratio over
     its lone ones', less 1: the in-pipeline figure the host law charges), beside the
     contention the run was predicted with (the calibration's small MLP, bracketed) and the
-    model's own layers in the same loop (``host_contention_model_readings``)."""
+    model's own layers in the same loop (``host_contention_model_readings``).  ``laws``:
+    :func:`busy_by_law`'s rows.  ``repeats``: per run, model, stage, pass, size and mode,
+    an action whose input was there after the same pass on its rank over one after the
+    other pass (medians)."""
     import tempfile
 
     from experiments.grid_history import committed_runs
@@ -173,7 +191,13 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     table = pd.concat(parts)
     paces = (table.groupby(["model", "idle", "overlap"]).ratio.agg(["median", "size"])
              .reset_index().rename(columns={"median": "ratio_median", "size": "actions"}))
-    return paces, pd.DataFrame(pairs), pd.DataFrame(laws)
+    # the same stage, pass and size, its input there, after the same pass against after
+    # the other: what running one pass back to back is worth (GPipe's phases)
+    hot = table[(table.idle == IDLE_BINS[0][2]) & (table.before != "first")]
+    by = (hot.groupby(["run", "model", "stage", "kind", "chunks", "checkpoint", "before"]).ratio
+          .median().unstack("before").dropna(subset=["same", "other"]))
+    repeats = (by.same / by.other).rename("same_over_other").reset_index()
+    return paces, pd.DataFrame(pairs), pd.DataFrame(laws), repeats
 
 
 #: the host laws :func:`busy_by_law` predicts each plan with: the contention the run was
@@ -228,7 +252,7 @@ def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFra
 
 def pooled_report(count: int) -> None:
     """Print and write :func:`pooled_paces` for the last ``count`` committed grids."""
-    paces, contention, laws = pooled_paces(count)
+    paces, contention, laws, repeats = pooled_paces(count)
     with pd.option_context("display.width", 160):
         print(f"measured action / predicted alone (median), {contention.run.nunique()} runs, "
               "by the idle before it and its time beside the other rank")
@@ -238,6 +262,11 @@ def pooled_report(count: int) -> None:
               "against the calibration's and the model's own layers' (medians over runs)")
         print(contention.groupby("model")[["in_pipeline", "predicted_with", "own_layers"]]
               .median().round(3).to_string())
+    with pd.option_context("display.width", 160):
+        print("an action whose input was there, after the same pass on its rank against after "
+              "the other (medians over runs of the same stage, pass, size and mode)")
+        print(repeats.groupby(["model", "kind", "chunks"]).same_over_other.median()
+              .unstack("chunks").round(3).to_string())
     errors = pd.DataFrame({"model": laws.model})
     for law in LAWS:
         for what in ("busy", "iteration"):
@@ -249,7 +278,10 @@ def pooled_report(count: int) -> None:
     write_results("action_costs_laws", laws, {**machine(), "laws": list(LAWS)})
     write_results("action_costs_pooled", paces, {
         **machine(), "runs": sorted(contention.run.unique()),
-        "contention": contention.to_dict(orient="records")})
+        "contention": contention.to_dict(orient="records"),
+        "same_pass_over_other": {f"{m} {k} m={c}": float(v) for (m, k, c), v in
+                                 repeats.groupby(["model", "kind", "chunks"])
+                                 .same_over_other.median().items()}})
 
 
 def main() -> None:
