@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,10 +42,13 @@ import pandas as pd
 
 from executor.calibrate import measure_gaps, unexplained_gaps
 from experiments.common import RESULTS, machine, write_results
+from experiments.grid_history import committed_runs
+from experiments.validation import saved_grid
 from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
-from pipesim.simulator import Simulator
+from pipesim.simulator import Simulator, simulate
+from pipesim.trace import metrics
 
 #: the calibration pipeline's (width, micro-batch) for ``--gap-sizes``: messages of
 #: 16, 128 and 256 KiB (float32)
@@ -156,11 +160,6 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, 
     :func:`busy_by_law`'s rows.  ``repeats``: per run, model, stage, pass, size and mode,
     an action whose input was there after the same pass on its rank over one after the
     other pass (medians)."""
-    import tempfile
-
-    from experiments.grid_history import committed_runs
-    from experiments.validation import saved_grid
-
     parts, pairs, laws = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for folder in committed_runs(count, Path(tmp), also=("validation_{tag}_actions.csv.gz",)):
@@ -195,7 +194,7 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, 
     # the other: what running one pass back to back is worth (GPipe's phases)
     hot = table[(table.idle == IDLE_BINS[0][2]) & (table.before != "first")]
     by = (hot.groupby(["run", "model", "stage", "kind", "chunks", "checkpoint", "before"]).ratio
-          .median().unstack("before").dropna(subset=["same", "other"]))
+          .median().unstack("before").reindex(columns=["same", "other"]).dropna())
     repeats = (by.same / by.other).rename("same_over_other").reset_index()
     return paces, pd.DataFrame(pairs), pd.DataFrame(laws), repeats
 
@@ -211,9 +210,6 @@ def busy_by_law(actions: pd.DataFrame, profile: Profile, cluster: Cluster, batch
     median over iterations) and its iteration, measured, and predicted under each of
     :data:`LAWS`: whether a law gets the actions' seconds right, apart from the
     iteration they make (the time between actions is the rest)."""
-    from pipesim.simulator import simulate
-    from pipesim.trace import metrics
-
     rows = []
     for label, part in actions[actions.kind.isin(["F", "B"])].groupby("plan"):
         plan = parse_plan(label, batch)
@@ -262,16 +258,14 @@ def pooled_report(count: int) -> None:
               "against the calibration's and the model's own layers' (medians over runs)")
         print(contention.groupby("model")[["in_pipeline", "predicted_with", "own_layers"]]
               .median().round(3).to_string())
-    with pd.option_context("display.width", 160):
         print("an action whose input was there, after the same pass on its rank against after "
               "the other (medians over runs of the same stage, pass, size and mode)")
         print(repeats.groupby(["model", "kind", "chunks"]).same_over_other.median()
               .unstack("chunks").round(3).to_string())
-    errors = pd.DataFrame({"model": laws.model})
-    for law in LAWS:
-        for what in ("busy", "iteration"):
-            errors[f"{what}_{law}"] = 100 * (laws[f"{what}_ms_{law}"] / laws[f"{what}_ms"] - 1)
-    with pd.option_context("display.width", 160):
+        errors = pd.DataFrame({"model": laws.model})
+        for law in LAWS:
+            for what in ("busy", "iteration"):
+                errors[f"{what}_{law}"] = 100 * (laws[f"{what}_ms_{law}"] / laws[f"{what}_ms"] - 1)
         print("each plan's compute seconds (busy) and iteration, predicted under each host law "
               "against measured: median signed error %, per model")
         print(errors.groupby("model").median().round(1).to_string())
@@ -292,8 +286,10 @@ def main() -> None:
                     help="also run the calibration pipeline with larger messages (~1 min)")
     ap.add_argument("--git", type=int, default=0, metavar="N",
                     help="pool the last N committed CPU grids instead: each action's pace "
-                    "by the idle before it and its overlap, and the host contention in "
-                    "the pipeline against the calibrated one (action_costs_pooled.csv)")
+                    "by the idle before it, its overlap and the pass its rank ran before, "
+                    "the host contention in the pipeline against the calibrated one "
+                    "(action_costs_pooled.csv), and each plan under three host laws "
+                    "(action_costs_laws.csv); about 20 s a run")
     args = ap.parse_args()
     if args.git:
         pooled_report(args.git)
