@@ -43,7 +43,7 @@ from executor.memory import module_bytes, parameter_keys, record_saved_tensors, 
 from executor.memtrack import Timeline, Tracker, granularity_of
 from executor.skip import SkipTracker, check_skips, use_tracker
 from executor.timing import Stopwatch, synchronize
-from pipesim.profile import COLUMNS, OPTIONAL_COLUMNS, Profile
+from pipesim.profile import COLUMNS, MAX_CHECKPOINT_SAVING, OPTIONAL_COLUMNS, Profile
 
 LossFn = Callable[[torch.Tensor, Any], torch.Tensor]
 
@@ -358,6 +358,25 @@ def _noisy(layer: int, size: int, reps: list[tuple[float, float]]) -> list[dict]
     return out
 
 
+def _implausible_saving(times: dict[str, float], size: int) -> list[dict]:
+    """Flags, and corrects in ``times`` (the whole model's seconds at ``size`` samples), a
+    checkpointed pass that reads a saving beyond :data:`pipesim.profile.MAX_CHECKPOINT_SAVING`
+    of the plain forward: it is noise, not the checkpoint, and reads as no saving at all
+    (the plain pass's seconds).  A checkpointed pass is the plain pass plus the median of
+    what the checkpoint added against a second plain pass: on a tiny model with a single
+    repetition on a busy machine that came to -0.08 ms, a forward in negative seconds."""
+    forward = times["fwd_s"]
+    plain = {"ckpt_fwd_s": forward, "ckpt_bwd_s": forward + times["bwd_s"]}
+    out = []
+    for key, seconds in plain.items():
+        if times[key] < seconds - MAX_CHECKPOINT_SAVING * forward:
+            out.append({"layer": "whole model", "micro_batch": size, "column": key,
+                        "why": f"{times[key] * 1e3:.3f} ms checkpointed against "
+                               f"{seconds * 1e3:.3f} ms plain: read as no saving"})
+            times[key] = seconds
+    return out
+
+
 def _not_monotone(rows: list[dict]) -> list[dict]:
     """Flags where a layer takes over twice as long on fewer samples than on more."""
     out = []
@@ -494,6 +513,7 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
                 medians = whole_model[str(b)]
                 medians["ckpt_fwd_s"] += medians["fwd_s"]
                 medians["ckpt_bwd_s"] += medians["fwd_s"] + medians["bwd_s"]
+                noisy += _implausible_saving(medians, b)
             for i, layer in enumerate(layers):
                 row = byte_rows[i]
                 for column in samples[b][0][i]:

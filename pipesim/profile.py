@@ -119,6 +119,11 @@ import pandas as pd
 
 from pipesim.errors import ProfileError, ProfileRangeError
 
+#: the most a checkpointed pass may save, as a share of the plain forward: a
+#: recomputation is a forward, so a saving beyond half of one is noise, not the
+#: checkpoint (those measured: 8-15% of the forward, a GPT's whole model on a GPU)
+MAX_CHECKPOINT_SAVING = 0.5
+
 #: Column name -> kind ("int", "float", "str"), in file order.
 COLUMNS: dict[str, str] = {
     "layer": "int",
@@ -399,6 +404,7 @@ class Profile:
             # A saving is kept as far as the whole model measured one, in proportion to
             # the span's forward (layers timed one at a time read savings the whole does
             # not: a small layer's noise), never beyond half the span's forward
+            # (MAX_CHECKPOINT_SAVING)
             ckpt_fwd = float((cols["ckpt_fwd_s"] - cols["fwd_s"]).sum())
             ckpt_bwd = float((cols["ckpt_bwd_s"] - cols["fwd_s"] - cols["bwd_s"]).sum())
             ck = self.isolation_excess(micro_batch, extrapolate=extrapolate, checkpointed=True)
@@ -406,8 +412,8 @@ class Profile:
                 ckpt_fwd -= share * ck[0]
                 ckpt_bwd -= share * ck[1]
             saving = self.checkpoint_saving(micro_batch, extrapolate=extrapolate)
-            ckpt_fwd = max(ckpt_fwd, -min(saving[0], 0.5) * fwd_s)
-            ckpt_bwd = max(ckpt_bwd, -min(saving[1], 0.5) * fwd_s)
+            ckpt_fwd = max(ckpt_fwd, -min(saving[0], MAX_CHECKPOINT_SAVING) * fwd_s)
+            ckpt_bwd = max(ckpt_bwd, -min(saving[1], MAX_CHECKPOINT_SAVING) * fwd_s)
         fwd_transient = bwd_transient = fwd_temp = 0.0
         if "fwd_transient_bytes" in cols:
             # the forward of layer i runs on top of what layers before it saved

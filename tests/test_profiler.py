@@ -8,7 +8,7 @@ from torch import nn
 
 from executor.models import BUILTIN_MODELS, build_model, builtin_job
 from executor.profiler import profile, profile_layer, time_whole_model
-from pipesim.profile import Profile
+from pipesim.profile import Profile, synthetic_profile
 
 SMALL = {"mlp": dict(width=32, depth=3, in_features=16),
          "resnet": dict(width=4, blocks=(1, 1), image_size=8),
@@ -93,6 +93,26 @@ def test_noisy_repetitions_and_inverted_sizes_are_flagged():
     flags = _not_monotone(rows)
     assert [(f["micro_batch"], f["column"]) for f in flags] == [(2, "fwd_s")]
     assert "8.000 ms at 2 samples" in flags[0]["why"]
+
+
+def test_a_whole_model_checkpoint_saving_beyond_half_a_forward_is_noise_read_as_none():
+    from executor.profiler import _implausible_saving
+    from pipesim.profile import MAX_CHECKPOINT_SAVING
+
+    # a saving within the bound (10% of the forward, a GPT on a GPU) stays, unflagged
+    real = {"fwd_s": 10e-3, "bwd_s": 20e-3, "ckpt_fwd_s": 9e-3, "ckpt_bwd_s": 29e-3}
+    assert _implausible_saving(real, 8) == [] and real["ckpt_bwd_s"] == 29e-3
+    # a checkpointed forward in negative seconds (a tiny model, one repetition, a busy
+    # machine) and a backward saving beyond the bound read as no saving, flagged
+    noise = {"fwd_s": 0.1e-3, "bwd_s": 0.2e-3, "ckpt_fwd_s": -0.08e-3,
+             "ckpt_bwd_s": 0.3e-3 - (MAX_CHECKPOINT_SAVING + 0.1) * 0.1e-3}
+    flags = _implausible_saving(noise, 2)
+    assert [(f["layer"], f["micro_batch"], f["column"]) for f in flags] == [
+        ("whole model", 2, "ckpt_fwd_s"), ("whole model", 2, "ckpt_bwd_s")]
+    assert noise["ckpt_fwd_s"] == 0.1e-3 and noise["ckpt_bwd_s"] == pytest.approx(0.3e-3)
+    # and the profile it makes loads (a negative reading was a ProfileError at load)
+    table = synthetic_profile(2, sizes=(2, 4)).table
+    Profile(table, {"whole_model": {"2": noise, "4": real}})
 
 
 def test_profile_measures_host_time_and_checkpoint_costs():
