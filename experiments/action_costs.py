@@ -18,12 +18,14 @@ and splits the prediction's error into its parts, measured rather than fitted:
 
     python experiments/action_costs.py [--run experiments/results] [--tag cpu] [--gap-sizes]
     python experiments/action_costs.py --git 12    # the last 12 committed grids pooled
+    python experiments/action_costs.py --pool experiments/results/gpu --tag cpu_4stages
 Writes experiments/results/action_costs.csv (per plan, stage, pass and overlap class: the
 ratio's median and mean), action_costs_gaps.csv and action_costs.json; with ``--git N``
 action_costs_pooled.csv/.json (per model, idle bin and overlap class; and per run the
 host contention an action meets in the pipeline against the calibrated one) and
 action_costs_laws.csv/.json (each plan's compute seconds and iteration, measured and
-predicted under each host law: :func:`busy_by_law`).
+predicted under each host law: :func:`busy_by_law`); with ``--pool DIR ... --tag TAG``
+the same for saved runs, ``_TAG`` after the names.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import dataclasses
 import json
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -144,9 +147,11 @@ def idle_bin(idle_s: float) -> str:
     return next(label for low, high, label in IDLE_BINS if low < idle_s * 1e3 <= high)
 
 
-def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """The last ``count`` committed CPU grids' actions, each against the seconds today's
-    model gives it alone from that run's own profiles and readings
+def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The actions of the grid runs saved in ``folders`` (``validate.py``'s files, tagged
+    ``tag``; a folder without actions is skipped), each against the seconds today's model
+    gives it alone from that run's own profiles and readings
     (:func:`experiments.validation.saved_grid`, host contention 0): ``(table, contention,
     laws, repeats)``.
 
@@ -161,32 +166,36 @@ def pooled_paces(count: int) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, 
     an action whose input was there after the same pass on its rank over one after the
     other pass (medians)."""
     parts, pairs, laws = [], [], []
-    with tempfile.TemporaryDirectory() as tmp:
-        for folder in committed_runs(count, Path(tmp), also=("validation_{tag}_actions.csv.gz",)):
-            path = folder / "validation_cpu_actions.csv.gz"
-            if not path.exists():  # older runs kept no actions
-                continue
-            saved = saved_grid(folder)
-            summary = json.loads((folder / "validation_cpu.json").read_text()).get("summary", {})
-            own = summary.get("host_contention_model_readings") or {}
-            actions = pd.read_csv(path)
-            for model in actions.model.unique():
-                t = action_ratios(actions[actions.model == model], saved.profiles,
-                                  saved.clusters[model], saved.batch)
-                t = t.assign(run=folder.name, idle=t.idle_s.map(idle_bin))
-                parts.append(t)
-                hot = t[t.idle == IDLE_BINS[0][2]]
-                by = (hot.groupby(["stage", "kind", "chunks", "checkpoint", "overlap"]).ratio
-                      .median().unstack("overlap"))
-                laws += busy_by_law(actions[actions.model == model], saved.profiles[model],
-                                    saved.clusters[model], saved.batch,
-                                    own.get(model, np.nan), folder.name)
-                if {"alone", "overlapping"} <= set(by.columns):
-                    rel = (by.overlapping / by.alone).dropna()
-                    pairs.append({"run": folder.name, "model": model, "groups": len(rel),
-                                  "in_pipeline": float(rel.median() - 1.0),
-                                  "predicted_with": saved.clusters[model].host_contention,
-                                  "own_layers": own.get(model, np.nan)})
+    for folder in folders:
+        path = folder / f"validation_{tag}_actions.csv.gz"
+        if not path.exists():  # older runs kept no actions
+            continue
+        saved = saved_grid(folder, tag)
+        summary_path = folder / f"validation_{tag}.json"
+        summary = (json.loads(summary_path.read_text()).get("summary", {})
+                   if summary_path.exists() else {})
+        own = summary.get("host_contention_model_readings") or {}
+        actions = pd.read_csv(path)
+        for model in actions.model.unique():
+            t = action_ratios(actions[actions.model == model], saved.profiles,
+                              saved.clusters[model], saved.batch)
+            t = t.assign(run=folder.name, idle=t.idle_s.map(idle_bin))
+            parts.append(t)
+            hot = t[t.idle == IDLE_BINS[0][2]]
+            by = (hot.groupby(["stage", "kind", "chunks", "checkpoint", "overlap"]).ratio
+                  .median().unstack("overlap"))
+            laws += busy_by_law(actions[actions.model == model], saved.profiles[model],
+                                saved.clusters[model], saved.batch,
+                                own.get(model, np.nan), folder.name)
+            if {"alone", "overlapping"} <= set(by.columns):
+                rel = (by.overlapping / by.alone).dropna()
+                pairs.append({"run": folder.name, "model": model, "groups": len(rel),
+                              "in_pipeline": float(rel.median() - 1.0),
+                              "predicted_with": saved.clusters[model].host_contention,
+                              "own_layers": own.get(model, np.nan)})
+    if not parts:
+        raise SystemExit(f"action_costs.py: no validation_{tag}_actions.csv.gz in "
+                         f"{', '.join(str(f) for f in folders)}")
     table = pd.concat(parts)
     paces = (table.groupby(["model", "idle", "overlap"]).ratio.agg(["median", "size"])
              .reset_index().rename(columns={"median": "ratio_median", "size": "actions"}))
@@ -246,9 +255,12 @@ def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFra
             .median().reset_index())
 
 
-def pooled_report(count: int) -> None:
-    """Print and write :func:`pooled_paces` for the last ``count`` committed grids."""
-    paces, contention, laws, repeats = pooled_paces(count)
+def pooled_report(folders: Sequence[Path], tag: str = "cpu") -> None:
+    """Print and write :func:`pooled_paces` for the runs in ``folders``
+    (``action_costs_pooled.*`` and ``action_costs_laws.*``, with ``_TAG`` after them for a
+    tag other than ``cpu``)."""
+    paces, contention, laws, repeats = pooled_paces(folders, tag)
+    suffix = "" if tag == "cpu" else f"_{tag}"
     with pd.option_context("display.width", 160):
         print(f"measured action / predicted alone (median), {contention.run.nunique()} runs, "
               "by the idle before it and its time beside the other rank")
@@ -263,14 +275,14 @@ def pooled_report(count: int) -> None:
         print(repeats.groupby(["model", "kind", "chunks"]).same_over_other.median()
               .unstack("chunks").round(3).to_string())
         errors = pd.DataFrame({"model": laws.model})
-        for law in LAWS:
+        for law in (x for x in LAWS if f"busy_ms_{x}" in laws):  # (a run may lack one)
             for what in ("busy", "iteration"):
                 errors[f"{what}_{law}"] = 100 * (laws[f"{what}_ms_{law}"] / laws[f"{what}_ms"] - 1)
         print("each plan's compute seconds (busy) and iteration, predicted under each host law "
               "against measured: median signed error %, per model")
         print(errors.groupby("model").median().round(1).to_string())
-    write_results("action_costs_laws", laws, {**machine(), "laws": list(LAWS)})
-    write_results("action_costs_pooled", paces, {
+    write_results(f"action_costs_laws{suffix}", laws, {**machine(), "laws": list(LAWS)})
+    write_results(f"action_costs_pooled{suffix}", paces, {
         **machine(), "runs": sorted(contention.run.unique()),
         "contention": contention.to_dict(orient="records"),
         "same_pass_over_other": {f"{m} {k} m={c}": float(v) for (m, k, c), v in
@@ -290,9 +302,17 @@ def main() -> None:
                     "the host contention in the pipeline against the calibrated one "
                     "(action_costs_pooled.csv), and each plan under three host laws "
                     "(action_costs_laws.csv); about 20 s a run")
+    ap.add_argument("--pool", type=Path, nargs="+", default=[], metavar="DIR",
+                    help="as --git, for the runs saved in these validate.py results folders "
+                    "(with --tag: e.g. --pool experiments/results/gpu --tag cpu_4stages)")
     args = ap.parse_args()
     if args.git:
-        pooled_report(args.git)
+        with tempfile.TemporaryDirectory() as tmp:
+            pooled_report(committed_runs(args.git, Path(tmp),
+                                         also=("validation_{tag}_actions.csv.gz",)))
+        return
+    if args.pool:
+        pooled_report(args.pool, args.tag)
         return
     actions = pd.read_csv(args.run / f"validation_{args.tag}_actions.csv.gz")
     cluster = Cluster.load(args.run / f"calibration_{args.tag}.json")
