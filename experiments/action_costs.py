@@ -51,7 +51,7 @@ from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
 from pipesim.simulator import Simulator, simulate
-from pipesim.trace import metrics
+from pipesim.trace import Trace, metrics
 
 #: the calibration pipeline's (width, micro-batch) for ``--gap-sizes``: messages of
 #: 16, 128 and 256 KiB (float32)
@@ -176,15 +176,14 @@ def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
                    if summary_path.exists() else {})
         own = summary.get("host_contention_model_readings") or {}
         actions = pd.read_csv(path)
-        for model in actions.model.unique():
-            t = action_ratios(actions[actions.model == model], saved.profiles,
-                              saved.clusters[model], saved.batch)
+        for model, model_actions in actions.groupby("model", sort=False):
+            t = action_ratios(model_actions, saved.profiles, saved.clusters[model], saved.batch)
             t = t.assign(run=folder.name, idle=t.idle_s.map(idle_bin))
             parts.append(t)
             hot = t[t.idle == IDLE_BINS[0][2]]
             by = (hot.groupby(["stage", "kind", "chunks", "checkpoint", "overlap"]).ratio
                   .median().unstack("overlap"))
-            laws += busy_by_law(actions[actions.model == model], saved.profiles[model],
+            laws += busy_by_law(model_actions, saved.profiles[model],
                                 saved.clusters[model], saved.batch,
                                 own.get(model, np.nan), folder.name)
             if {"alone", "overlapping"} <= set(by.columns):
@@ -215,26 +214,25 @@ LAWS = ("calibrated", "own_layers", "none")
 
 def busy_by_law(actions: pd.DataFrame, profile: Profile, cluster: Cluster, batch: int,
                 own: float, run: str) -> list[dict]:
-    """Per plan of one model's grid run: its compute seconds (every F and B summed, the
-    median over iterations) and its iteration, measured, and predicted under each of
+    """Per plan of one model's grid run: its compute seconds (each device's F and B, the
+    median over iterations, summed) and its iteration, measured, and predicted under each of
     :data:`LAWS`: whether a law gets the actions' seconds right, apart from the
     iteration they make (the time between actions is the rest)."""
+    def figures(trace: Trace, suffix: str = "") -> dict[str, float]:
+        """Its compute seconds (each device's, summed) and iteration, as :func:`metrics`
+        reads them (ms)."""
+        m = metrics(trace)
+        return {f"busy_ms{suffix}": 1e3 * sum(m.busy_s.values()),
+                f"iteration_ms{suffix}": 1e3 * m.iteration_time_s}
+
     rows = []
-    for label, part in actions[actions.kind.isin(["F", "B"])].groupby("plan"):
+    for label, part in actions.groupby("plan"):
         plan = parse_plan(label, batch)
-        its = part.groupby("iteration")
-        row = {"run": run, "model": part.model.iloc[0], "plan": label,
-               "busy_ms": 1e3 * float(np.median([(g.end - g.start).sum() for _, g in its])),
-               "iteration_ms": 1e3 * float(np.median([g.end.max() - g.start.min()
-                                                      for _, g in its]))}
+        row = {"run": run, "model": part.model.iloc[0], "plan": label, **figures(Trace(part))}
         for law, contention in zip(LAWS, (cluster.host_contention, own, 0.0), strict=True):
-            if np.isnan(contention):
-                continue
-            trace = simulate(profile, plan, dataclasses.replace(cluster, host_contention=contention),
-                             track_memory=False)
-            compute = trace.actions[trace.actions.kind.isin(["F", "B"])]
-            row[f"busy_ms_{law}"] = 1e3 * float((compute.end - compute.start).sum())
-            row[f"iteration_ms_{law}"] = 1e3 * metrics(trace).iteration_time_s
+            if not np.isnan(contention):
+                row |= figures(simulate(profile, plan, dataclasses.replace(
+                    cluster, host_contention=contention), track_memory=False), f"_{law}")
         rows.append(row)
     return rows
 
