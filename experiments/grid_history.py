@@ -47,7 +47,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.validation import in_place_readings, predict_saved
+from experiments.validation import in_place_readings, predict_saved, program_groups
 from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -189,12 +189,15 @@ def figures(runs: pd.DataFrame, plans: pd.DataFrame, column: str) -> dict:
                             "max_abs_error_pct": float(p.pooled_error_pct.abs().max())}
                         for m, p in plans.groupby("model")}
     # regret: each run's choice (its fastest predicted plan) judged by the pooled
-    # measurement, against the pooled fastest; the median over runs and the worst run
-    measured = plans.set_index(KEY).measured_ms
+    # measurement, against the pooled fastest; plans that run one program (GPipe and
+    # 1F1B at one micro-batch) are one plan, judged by all their measurements pooled
+    group = dict(zip(map(tuple, plans[KEY].to_numpy()), program_groups(plans), strict=True))
+    run_group = [group[k] for k in map(tuple, runs[KEY].to_numpy())]
+    measured = runs.measured_ms.groupby(run_group).median()
     regrets: dict[str, dict[str, float]] = {}
     for m, part in runs.groupby("model"):
-        best = measured.loc[m].min()
-        per_run = [100 * (measured.loc[tuple(r.loc[r[column].idxmin(), KEY])] / best - 1)
+        best = measured.loc[sorted({group[k] for k in map(tuple, part[KEY].to_numpy())})].min()
+        per_run = [100 * (measured.loc[group[tuple(r.loc[r[column].idxmin(), KEY])]] / best - 1)
                    for _, r in part.groupby("run")]
         regrets[m] = {"median_pct": float(np.median(per_run)), "max_pct": float(np.max(per_run))}
     out["regret"] = regrets

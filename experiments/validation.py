@@ -31,6 +31,7 @@ from pipesim.cluster import (
 from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
+from pipesim.schedule import program
 from pipesim.simulator import Jitter, simulate
 from pipesim.trace import Trace, metrics
 
@@ -225,6 +226,40 @@ def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster
     return replay / metrics(measured).iteration_time_s - 1
 
 
+#: the columns of a grid's table that name its plan
+PLAN_COLUMNS = ("model", "balance", "chunks", "checkpoint", "schedule")
+
+
+def program_groups(table: pd.DataFrame, batch: int | None = None) -> pd.Series:
+    """Per row of a grid's table (``PLAN_COLUMNS``; a ``virtual_stages`` column where
+    interleaved): a number shared by the rows whose plans run the same program
+    (:func:`pipesim.schedule.program`: GPipe and 1F1B, ``except_last`` and ``never``, at
+    one micro-batch), so that a choice among them is judged as one plan, not by which of
+    its measurements came out fastest.  ``batch`` defaults to the table's largest chunk
+    count (every micro-batch one sample: the same groups wherever the batch splits
+    evenly).  A table without the columns: each row its own group."""
+    if not set(PLAN_COLUMNS) <= set(table.columns):
+        return pd.Series(range(len(table)), index=table.index)
+    batch = batch or int(table.chunks.max())
+    keys: dict[tuple, int] = {}
+    out = []
+    for r in table.itertuples():
+        balance = ([int(b) for b in r.balance.split(",")] if isinstance(r.balance, str)
+                   else list(r.balance))
+        plan = Plan(balance, int(r.chunks), batch, checkpoint=r.checkpoint, schedule=r.schedule,
+                    virtual_stages=int(getattr(r, "virtual_stages", 1) or 1))
+        out.append(keys.setdefault((r.model, program(plan)), len(keys)))
+    return pd.Series(out, index=table.index)
+
+
+def chosen_regret(part: pd.DataFrame) -> float:
+    """What choosing the best-predicted plan of one model's grid ``part`` costs against
+    the best measured (a share of throughput: 0.02 is 2%), each plan judged by the mean
+    measured throughput of the rows that run its program (:func:`program_groups`)."""
+    by_program = part.throughput_meas.groupby(program_groups(part)).transform("mean")
+    return float(1 - by_program.loc[part.throughput_pred.idxmax()] / by_program.max())
+
+
 def summarise(table: pd.DataFrame) -> dict:
     """The figures of merit: errors, bubble error, rank correlation, regret of choosing by
     prediction (the best-predicted plan's measured throughput against the best measured)."""
@@ -240,10 +275,7 @@ def summarise(table: pd.DataFrame) -> dict:
         out["median_abs_memory_error_pct"] = float(
             (100 * (mem.peak_pred_bytes / mem.peak_meas_bytes - 1)).abs().median())
     # regret: what the best-predicted plan really achieves against the best measured
-    regrets = []
-    for _, part in table.groupby("model"):
-        chosen = part.loc[part.throughput_pred.idxmax()]
-        regrets.append(1 - chosen.throughput_meas / part.throughput_meas.max())
+    regrets = [chosen_regret(part) for _, part in table.groupby("model")]
     out["tuner_regret_pct"] = float(100 * np.max(regrets))
     if "alone_costs_ms" in table:
         alone = (100 * (table["alone_costs_ms"] / table["measured_ms"] - 1)).abs()
@@ -534,13 +566,16 @@ def confirm_choice(table: pd.DataFrame, plans: list[Plan], measure: Measure,
     ``table`` holds one model's grid (rows in the order of ``plans``).  Each plan there was
     measured once, and the fastest of 60 noisy measurements is biased low, so the grid's
     regret mostly measures noise.  Here the best-predicted plan and the best-measured one
-    are re-run side by side, alternating, ``rounds`` times each: regret is
-    ``1 - t_best / t_chosen`` from the median iteration times (negative when the chosen
-    plan proves the faster)."""
+    (plans that run one program judged as one, by their mean) are re-run side by side,
+    alternating, ``rounds`` times each: regret is ``1 - t_best / t_chosen`` from the
+    median iteration times (negative when the chosen plan proves the faster)."""
+    ids: dict = {}
+    groups = [ids.setdefault(program(p), len(ids)) for p in plans]
+    by_program = table.throughput_meas.groupby(groups).transform("mean").to_numpy()
     chosen = int(np.argmax(table.throughput_pred.to_numpy()))
-    best = int(np.argmax(table.throughput_meas.to_numpy()))
+    best = int(np.argmax(by_program))
     out = {"chosen": plans[chosen].label(), "best_measured": plans[best].label()}
-    if chosen == best:
+    if groups[chosen] == groups[best]:
         return {**out, "regret_pct": 0.0, "rounds": 0}
     times = [metrics(t).iteration_time_s for t in measure([plans[chosen], plans[best]] * rounds)]
     t_chosen, t_best = statistics.median(times[0::2]), statistics.median(times[1::2])

@@ -30,7 +30,7 @@ from pipesim.cluster import Cluster
 from pipesim.errors import PlanError
 from pipesim.plan import CHECKPOINT_MODES, V_SCHEDULES, Plan
 from pipesim.profile import Profile
-from pipesim.schedule import SCHEDULES
+from pipesim.schedule import SCHEDULES, program
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 
@@ -163,7 +163,9 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     accelerator (a device such as ``cuda:0``) the plan's estimated reserved bytes must fit
     too: what a caching allocator holds, under ``allocator``'s assumptions
     (:mod:`pipesim.allocator`; by default PyTorch's CUDA allocator with an H100's cuBLAS
-    workspaces).  ``progress`` shows a bar (on stderr).
+    workspaces).  ``progress`` shows a bar (on stderr).  Plans that run the same program
+    (:func:`pipesim.schedule.program`: GPipe and 1F1B, ``except_last`` and ``never``, at
+    one micro-batch) are one candidate, under the name met first.
     """
     if margin < 0:
         raise PlanError(f"margin must be >= 0, got {margin}")
@@ -198,9 +200,12 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                 for balance in (_neighbours(base) if refine else [base]):
                     plan = Plan(balance, c, batch_size, checkpoint=ckpt, schedule=schedule,
                                 optimizer=optimizer, virtual_stages=v)
-                    if plan in seen:
+                    # a plan that runs what one met before does (GPipe and 1F1B, or
+                    # except_last and never, at one micro-batch) is that plan
+                    key = program(plan)
+                    if key in seen:
                         continue
-                    seen.add(plan)
+                    seen.add(key)
                     trace = simulate(profile, plan, cluster)
                     m = metrics(trace)
                     peak = max(m.peak_memory_bytes.values())

@@ -7,7 +7,7 @@ import pytest
 from pipesim import PlanError, ScheduleError
 from pipesim.balance import block_partition, even_balance, min_max_partition
 from pipesim.plan import Plan
-from pipesim.schedule import Action, Schedule, build_schedule, dependencies
+from pipesim.schedule import Action, Schedule, build_schedule, dependencies, program
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -101,6 +101,24 @@ def test_incomplete_and_misplaced_actions():
         Schedule.from_order([[Action(0, "F", 0), Action(0, "B", 0), Action(0, "W", 0)]])
     with pytest.raises(ScheduleError, match=r"appears twice"):
         Schedule.from_order([[Action(0, "F", 0), Action(0, "F", 0), Action(0, "B", 0)]])
+
+
+def test_plans_that_run_the_same_actions_have_one_program():
+    # at one micro-batch GPipe and 1F1B run F then B on every device, and except_last
+    # checkpoints nothing: four names, one program
+    names = [Plan([3, 3], 1, 8, checkpoint=c, schedule=s)
+             for s in ("gpipe", "1f1b") for c in ("never", "except_last")]
+    assert len({program(p) for p in names}) == 1
+    one = program(names[0])
+    # anything that changes an action, its order, its size or its stage's layers does not
+    for other in (Plan([3, 3], 1, 8, checkpoint="always"), Plan([3, 3], 2, 8, checkpoint="never"),
+                  Plan([3, 3], 1, 6, checkpoint="never"), Plan([2, 4], 1, 8, checkpoint="never"),
+                  Plan([3, 3], 1, 8, checkpoint="never", placement=[1, 0]),
+                  Plan([3, 3], 1, 8, checkpoint="never", optimizer="adam")):
+        assert program(other) != one, other.label()
+    # two micro-batches: 1F1B's last stage alternates, GPipe's does not
+    assert (program(Plan([3, 3], 2, 8, checkpoint="never", schedule="1f1b"))
+            != program(Plan([3, 3], 2, 8, checkpoint="never", schedule="gpipe")))
 
 
 def test_action_text_form():

@@ -1802,6 +1802,34 @@ def test_runs_pooled_keep_each_plans_bias_and_lose_the_drift_between_runs():
     assert f["per_run"]["r3"]["median_abs_error_pct"] == pytest.approx(10.0)
 
 
+def test_a_choice_between_plans_that_run_one_program_costs_nothing():
+    import pandas as pd
+
+    from experiments.grid_history import figures, pooled
+    from experiments.validation import chosen_regret, confirm_choice, program_groups
+
+    # at one micro-batch GPipe and 1F1B are one program, measured 7.6 and 7.4 ms by noise;
+    # the prediction ties them and picks 1F1B; m=2 (a program of its own) is slower
+    grid = pd.DataFrame({"model": "m", "balance": "1,1", "checkpoint": "never",
+                         "chunks": [1, 1, 2], "schedule": ["1f1b", "gpipe", "gpipe"],
+                         "measured_ms": [7.6, 7.4, 9.0], "predicted_ms": [7.5, 7.5001, 8.0]})
+    assert program_groups(grid).tolist() == [0, 0, 1]
+    table = grid.assign(throughput_meas=1 / grid.measured_ms, throughput_pred=1 / grid.predicted_ms)
+    assert chosen_regret(table) == 0.0
+    # a real miss still counts: m=2 predicted the fastest, slower than the program's mean
+    missed = chosen_regret(table.assign(throughput_pred=[1.0, 1.0, 2.0]))
+    assert missed == pytest.approx(1 - (1 / 9.0) / ((1 / 7.6 + 1 / 7.4) / 2))
+    # confirmed: nothing to re-run
+    plans = [Plan([1, 1], c, 4, checkpoint="never", schedule=s)
+             for c, s in zip(grid.chunks, grid.schedule, strict=True)]
+    out = confirm_choice(table, plans, measure=lambda _: pytest.fail("re-ran one program"))
+    assert out["regret_pct"] == 0.0 and out["rounds"] == 0
+    # pooled over runs alike
+    runs = pd.concat([grid.assign(run=r) for r in ("r1", "r2")])
+    f = figures(runs, pooled(runs, "predicted_ms"), "predicted_ms")
+    assert f["regret"]["m"] == {"median_pct": 0.0, "max_pct": 0.0}
+
+
 def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
     from experiments.validation import bracketed
 

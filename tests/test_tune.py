@@ -9,6 +9,7 @@ from pipesim.cluster import Cluster, Device
 from pipesim.errors import PlanError
 from pipesim.plan import Plan
 from pipesim.profile import Profile
+from pipesim.schedule import program
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 from pipesim.tune import tune
@@ -35,6 +36,18 @@ def test_no_returned_plan_exceeds_the_budget_or_a_devices_memory(budget):
     for plan in result.plans:
         peaks = metrics(simulate(prof, plan, small)).peak_memory_bytes
         assert peaks["a"] <= min(budget, 4.0e4) and peaks["b"] <= budget
+
+
+def test_plans_that_run_the_same_program_are_one_candidate():
+    # at one micro-batch GPipe and 1F1B, except_last and never, are one plan: simulated
+    # once, listed once, under the name met first
+    prof = uniform_profile(4, sizes=(1, 16))
+    result = tune(prof, 2, 16, 1e12, chunks=[1, 4], refine=False)
+    one = result.table[result.table.chunks == 1]
+    assert sorted(zip(one.schedule, one.checkpoint)) == [("gpipe", "always"),
+                                                        ("gpipe", "except_last")]
+    assert len(result.table[result.table.chunks == 4]) == 6  # 3 modes x 2 schedules
+    assert len(set(map(program, result.table.plan))) == len(result.table)
 
 
 def test_interleaving_is_tried_and_its_balance_refined():
