@@ -47,12 +47,12 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.validation import in_place_readings, predict_saved, program_groups
+from experiments.validation import PLAN_COLUMNS, in_place_readings, predict_saved, program_groups
 from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 #: a plan's identity in the grid
-KEY = ["model", "balance", "chunks", "checkpoint", "schedule"]
+KEY = list(PLAN_COLUMNS)
 #: what one run leaves in its results folder (the prediction's inputs beside the table)
 RUN_FILES = ("validation_{tag}.csv", "validation_{tag}.json", "calibration_{tag}.json")
 

@@ -14,7 +14,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -161,11 +161,24 @@ def drift_tracked(table: pd.DataFrame, column: str = "predicted_ms") -> pd.Serie
     return table[column] * table.reference_ms / median
 
 
+#: the columns of a grid's table that name its row: the model and the plan
+PLAN_COLUMNS = ("model", "balance", "chunks", "checkpoint", "schedule")
+
+
 def plan_columns(label: str, plan: Plan) -> dict:
-    """The columns that name a grid's row: its model (``label``) and plan (``balance`` as
-    ``"3,3"``, ``chunks``, ``checkpoint``, ``schedule``), as :func:`noise_floor` reads them."""
+    """The columns that name a grid's row (:data:`PLAN_COLUMNS`): its model (``label``)
+    and plan (``balance`` as ``"3,3"``, ``chunks``, ``checkpoint``, ``schedule``), as
+    :func:`noise_floor` reads them; :func:`row_plan` is the way back."""
     return {"model": label, "balance": ",".join(map(str, plan.balance)), "chunks": plan.chunks,
             "checkpoint": plan.checkpoint, "schedule": plan.schedule}
+
+
+def row_plan(row: Any, batch: int) -> Plan:
+    """The Plan of a grid's row (:func:`plan_columns`; a ``virtual_stages`` field where
+    interleaved) for ``batch`` samples."""
+    balance = row.balance.split(",") if isinstance(row.balance, str) else row.balance
+    return Plan([int(b) for b in balance], int(row.chunks), batch, checkpoint=row.checkpoint,
+                schedule=row.schedule, virtual_stages=int(getattr(row, "virtual_stages", 1) or 1))
 
 
 def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.DataFrame:
@@ -226,10 +239,6 @@ def replay_error(profile: Profile, plan: Plan, measured: Trace, cluster: Cluster
     return replay / metrics(measured).iteration_time_s - 1
 
 
-#: the columns of a grid's table that name its plan
-PLAN_COLUMNS = ("model", "balance", "chunks", "checkpoint", "schedule")
-
-
 def program_groups(table: pd.DataFrame, batch: int | None = None) -> pd.Series:
     """Per row of a grid's table (``PLAN_COLUMNS``; a ``virtual_stages`` column where
     interleaved): a number shared by the rows whose plans run the same program
@@ -244,11 +253,7 @@ def program_groups(table: pd.DataFrame, batch: int | None = None) -> pd.Series:
     keys: dict[tuple, int] = {}
     out = []
     for r in table.itertuples():
-        balance = ([int(b) for b in r.balance.split(",")] if isinstance(r.balance, str)
-                   else list(r.balance))
-        plan = Plan(balance, int(r.chunks), batch, checkpoint=r.checkpoint, schedule=r.schedule,
-                    virtual_stages=int(getattr(r, "virtual_stages", 1) or 1))
-        out.append(keys.setdefault((r.model, program(plan)), len(keys)))
+        out.append(keys.setdefault((r.model, program(row_plan(r, batch))), len(keys)))
     return pd.Series(out, index=table.index)
 
 
