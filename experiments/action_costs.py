@@ -110,10 +110,10 @@ def kinds_before(iteration: pd.DataFrame) -> list[str]:
 
 def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: Cluster,
                   batch: int) -> pd.DataFrame:
-    """One row per measured compute action: its seconds, the simulator's seconds for it
-    alone (``host_contention`` 0), the share of it beside another rank's compute, the idle
-    before it on its device (``idle_s``) and what that device ran before it (``before``:
-    :func:`kinds_before`)."""
+    """One row per measured compute action: its plan's fields, its stage (and the plan's
+    last), its seconds, the simulator's seconds for it alone (``host_contention`` 0), the
+    share of it beside another rank's compute, the idle before it on its device
+    (``idle_s``) and what that device ran before it (``before``: :func:`kinds_before`)."""
     alone = dataclasses.replace(cluster, host_contention=0.0, host_slowdowns=())
     compute = actions[actions.kind.isin(["F", "B"])]
     rows = []
@@ -127,11 +127,12 @@ def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: 
             for r, share, idle, before in zip(it.itertuples(), beside_shares(it),
                                               idles_before(it), kinds_before(it), strict=True):
                 rows.append((model, ",".join(map(str, plan.balance)), plan.n_microbatches,
-                             plan.checkpoint, r.stage, r.kind, r.end - r.start,
-                             predicted[(r.stage, r.kind, r.microbatch)], share, idle, before))
-    out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "stage", "kind",
-                                      "measured_s", "predicted_alone_s", "beside_share",
-                                      "idle_s", "before"])
+                             plan.checkpoint, plan.schedule, r.stage, plan.n_stages - 1, r.kind,
+                             r.end - r.start, predicted[(r.stage, r.kind, r.microbatch)], share,
+                             idle, before))
+    out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "schedule",
+                                      "stage", "last_stage", "kind", "measured_s",
+                                      "predicted_alone_s", "beside_share", "idle_s", "before"])
     return out.assign(ratio=out.measured_s / out.predicted_alone_s,
                       overlap=out.beside_share.map(overlap_class))
 
@@ -148,7 +149,8 @@ def idle_bin(idle_s: float) -> str:
 
 
 def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
-                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+                 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.DataFrame,
+                            pd.DataFrame]:
     """The actions of the grid runs saved in ``folders`` (``validate.py``'s files, tagged
     ``tag``; a folder without actions is skipped), each against the seconds today's model
     gives it alone from that run's own profiles and readings
@@ -164,7 +166,7 @@ def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
     model's own layers in the same loop (``host_contention_model_readings``).  ``laws``:
     :func:`busy_by_law`'s rows.  ``repeats``: per run, model, stage, pass, size and mode,
     an action whose input was there after the same pass on its rank over one after the
-    other pass (medians)."""
+    other pass (medians).  ``late``: :func:`late_backwards`."""
     parts, pairs, laws = [], [], []
     for folder in folders:
         path = folder / f"validation_{tag}_actions.csv.gz"
@@ -204,7 +206,30 @@ def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
     by = (hot.groupby(["run", "model", "stage", "kind", "chunks", "checkpoint", "before"]).ratio
           .median().unstack("before").reindex(columns=["same", "other"]).dropna())
     repeats = (by.same / by.other).rename("same_over_other").reset_index()
-    return paces, pd.DataFrame(pairs), pd.DataFrame(laws), repeats
+    return paces, pd.DataFrame(pairs), pd.DataFrame(laws), repeats, late_backwards(table)
+
+
+#: seconds after its rank's previous action beyond which a last stage's backward is late
+LATE_S = 0.3e-3
+
+
+def late_backwards(table: pd.DataFrame) -> pd.DataFrame:
+    """The last stage's backwards after a backward (GPipe's backward phase, 1F1B's
+    cool-down), per model and schedule at 2 or more micro-batches: the share that started
+    more than :data:`LATE_S` after the rank's previous action (nothing to wait for: the
+    last stage starts its backward from its own loss), and for those and the others the
+    median gap before them and how much longer than alone they ran (milliseconds)."""
+    b = table[(table.kind == "B") & (table.stage == table.last_stage) & (table.before == "same")
+              & (table.chunks >= 2)]
+    b = b.assign(late=b.idle_s > LATE_S, gap_ms=1e3 * b.idle_s,
+                 over_ms=1e3 * (b.measured_s - b.predicted_alone_s))
+    out = b.groupby(["model", "schedule"]).late.agg(["size", "mean"]).rename(
+        columns={"size": "backwards", "mean": "late_share"})
+    for late, name in ((True, "late"), (False, "on_time")):
+        part = b[b.late == late].groupby(["model", "schedule"])
+        out[f"gap_ms_{name}"] = part.gap_ms.median()
+        out[f"over_alone_ms_{name}"] = part.over_ms.median()
+    return out.reset_index()
 
 
 #: the host laws :func:`busy_by_law` predicts each plan with: the contention the run was
@@ -255,9 +280,9 @@ def grid_gaps(actions: pd.DataFrame, latency_s: float, batch: int) -> pd.DataFra
 
 def pooled_report(folders: Sequence[Path], tag: str = "cpu") -> None:
     """Print and write :func:`pooled_paces` for the runs in ``folders``
-    (``action_costs_pooled.*`` and ``action_costs_laws.*``, with ``_TAG`` after them for a
-    tag other than ``cpu``)."""
-    paces, contention, laws, repeats = pooled_paces(folders, tag)
+    (``action_costs_pooled.*``, ``action_costs_laws.*`` and ``action_costs_late.*``, with
+    ``_TAG`` after them for a tag other than ``cpu``)."""
+    paces, contention, laws, repeats, late = pooled_paces(folders, tag)
     suffix = "" if tag == "cpu" else f"_{tag}"
     with pd.option_context("display.width", 160):
         print(f"measured action / predicted alone (median), {contention.run.nunique()} runs, "
@@ -279,6 +304,12 @@ def pooled_report(folders: Sequence[Path], tag: str = "cpu") -> None:
         print("each plan's compute seconds (busy) and iteration, predicted under each host law "
               "against measured: median signed error %, per model")
         print(errors.groupby("model").median().round(1).to_string())
+        print(f"the last stage's backwards after a backward: the share starting over "
+              f"{LATE_S * 1e3:.1f} ms after the previous action, their gap and their seconds "
+              "over alone (medians), late and on time")
+        print(late.round(3).to_string(index=False))
+    write_results(f"action_costs_late{suffix}", late, {**machine(), "late_s": LATE_S,
+                                                       "runs": sorted(contention.run.unique())})
     write_results(f"action_costs_laws{suffix}", laws, {**machine(), "laws": list(LAWS)})
     write_results(f"action_costs_pooled{suffix}", paces, {
         **machine(), "runs": sorted(contention.run.unique()),

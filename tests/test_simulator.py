@@ -2040,6 +2040,30 @@ def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone
     assert idle.loc[(0, "F", "overlapping")] == pytest.approx(0.0)
 
 
+def test_action_costs_finds_the_last_stages_late_backwards():
+    from experiments.action_costs import action_ratios, late_backwards
+
+    prof = uniform_profile(2)  # B = 2 s per sample and layer
+    host = Cluster([Device("a"), Device("b")], action_gap_s=1e-4)
+    trace = simulate(prof, Plan([1, 1], 4, 4, checkpoint="never"), host)
+    # stage 1's third backward (B1: GPipe runs B3 B2 B1 B0) starts 1 ms late and runs
+    # 0.5 s over; the others as simulated
+    a = trace.actions.assign(model="m", plan="gpipe [1,1] m=4 ckpt=never")
+    late = (a.stage == 1) & (a.kind == "B") & (a.microbatch == 1)
+    a.loc[late, "start"] += 1e-3
+    a.loc[late, "end"] += 0.501
+    for later in ((a.device == 1) & (a.start > a.loc[late, "start"].iloc[0])).to_numpy().nonzero():
+        a.loc[a.index[later], ["start", "end"]] += 0.501
+    out = late_backwards(action_ratios(a, {"m": prof}, host, batch=4)).set_index(
+        ["model", "schedule"]).loc[("m", "gpipe")]
+    # three backwards after a backward (B2, B1, B0), one of them late
+    assert out.backwards == 3 and out.late_share == pytest.approx(1 / 3)
+    assert out.gap_ms_late == pytest.approx(1.1, abs=1e-6)
+    assert out.over_alone_ms_late == pytest.approx(500.0, abs=1e-6)
+    assert out.gap_ms_on_time == pytest.approx(0.1, abs=1e-6)
+    assert out.over_alone_ms_on_time == pytest.approx(0.0, abs=1e-6)
+
+
 def test_action_costs_predicts_a_runs_busy_seconds_under_each_host_law():
     from experiments.action_costs import busy_by_law
 
