@@ -26,7 +26,6 @@ import argparse
 import statistics
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -38,7 +37,7 @@ import torch.distributed as dist
 from executor.calibrate import _gather
 from executor.distributed import _free_port
 from executor.transport import _work
-from experiments.common import machine, write_results
+from experiments.common import gloo_rank, hidden_layers, machine, write_results
 
 HOT, SLEEP, RECV = "hot", "sleep", "recv"
 
@@ -61,13 +60,8 @@ def _trials(rank: int, port: int, width: int, depth: int, sizes: tuple[int, ...]
     """Rank 1 times each (kind, size, condition, idle) trial's action; rank 0 sends the
     messages it blocks on.  Rank 1 puts rows ``(kind, size, condition, idle_s, waited_s,
     action_s)``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=120))
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    stage = torch.nn.Sequential(*layers)
+    gloo_rank(rank, port)
+    stage = hidden_layers(width, depth)
     trials = [(kind, size, cond, idle) for kind in ("F", "B") for size in sizes
               for cond, idle in ((HOT, 0.0), *((c, i) for c in (SLEEP, RECV) for i in idles))]
     ask, msg = torch.zeros(1), torch.zeros(2, width)

@@ -65,3 +65,27 @@ class PhaseClock:
         took, self.last = now - self.last, now
         self.seconds[phase] = self.seconds.get(phase, 0.0) + took
         print(f"[{now - self.start:6.0f} s] {phase}: {took:.0f} s", flush=True)
+
+
+def gloo_rank(rank: int, port: int, world: int = 2, timeout_s: float = 120.0) -> None:
+    """This process as ``rank`` of a gloo process group of ``world`` on this machine, on one
+    torch thread: a micro-benchmark's rank (spawned by ``executor.calibrate._gather``)."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world, timeout=timedelta(seconds=timeout_s))
+
+
+def hidden_layers(width: int, depth: int):
+    """``depth`` hidden layers of the built-in MLP (Linear + ReLU, ``width`` wide), as an
+    ``nn.Sequential``: a stage of the CPU grid's MLP for a micro-benchmark."""
+    import torch
+
+    from executor.models import mlp
+
+    return torch.nn.Sequential(*list(mlp(width=width, depth=depth + 1,
+                                         in_features=width).module)[1:depth + 1])

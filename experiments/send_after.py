@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from datetime import timedelta
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -37,7 +36,7 @@ import torch.distributed as dist
 from executor.calibrate import _gather
 from executor.distributed import _free_port
 from executor.transport import _work
-from experiments.common import machine, write_results
+from experiments.common import gloo_rank, hidden_layers, machine, write_results
 
 NONE, POSTED, LATER = "none", "posted", "later"
 #: how far into rank 1's second backward rank 0 posts its receive (``later``)
@@ -57,13 +56,8 @@ def _spin(seconds: float, a: torch.Tensor) -> torch.Tensor:
 def _trials(rank: int, port: int, width: int, depth: int, size: int,
             sizes_bytes: tuple[int, ...], busy: bool, rounds: int, out) -> None:
     """Rank 1 puts rows ``(bytes, condition, gap_s, backward_s)``."""
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=2, timeout=timedelta(seconds=120))
-    layers = []
-    for _ in range(depth):
-        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
-    stage = torch.nn.Sequential(*layers)
+    gloo_rank(rank, port)
+    stage = hidden_layers(width, depth)
     trials = [(0, NONE)] + [(b, c) for b in sizes_bytes for c in (POSTED, LATER)]
     bufs = {b: torch.zeros(max(b // 4, 1)) for b in sizes_bytes}
     a = torch.randn(64, 64) * 0.01
