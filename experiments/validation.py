@@ -267,7 +267,8 @@ def chosen_regret(part: pd.DataFrame) -> float:
 
 def summarise(table: pd.DataFrame) -> dict:
     """The figures of merit: errors, bubble error, rank correlation, regret of choosing by
-    prediction (the best-predicted plan's measured throughput against the best measured)."""
+    prediction (the best-predicted plan's measured throughput against the best measured,
+    plans that run one program judged as one: :func:`chosen_regret`)."""
     err = table["error_pct"].abs()
     out = {"plans": len(table), "median_abs_error_pct": float(err.median()),
            "max_abs_error_pct": float(err.max()),
