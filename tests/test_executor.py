@@ -730,6 +730,31 @@ def test_measure_wakeups_gives_the_wake_ups_growth_with_the_wait_before_it():
         measure_wakeups(idles=(0.0, 0.001))
 
 
+def test_the_wait_and_send_micro_benchmarks_time_every_condition_on_two_ranks():
+    from executor.calibrate import _gather
+    from executor.distributed import _free_port
+    from experiments import blocked_wait, send_after
+
+    # an action after a sleep and after a receive blocked as long, against at once
+    (rows,) = _gather(blocked_wait._trials, 2, (_free_port(), 32, 2, (2,), (0.002,), 2),
+                      expected=1)
+    table = pd.DataFrame(rows, columns=["kind", "size", "condition", "idle_s", "waited_s",
+                                        "action_s"])
+    assert sorted(set(zip(table.kind, table.condition, strict=True))) == [
+        (k, c) for k in ("B", "F") for c in ("hot", "recv", "sleep")]
+    assert len(table) == 2 * 2 * 3 and (table.action_s > 0).all()
+    waited = table.groupby("condition").waited_s.min()
+    # the waits really happened: a sleep and a blocked receive last their idle at least
+    assert waited["sleep"] >= 0.002 and waited["recv"] >= 0.002 and waited["hot"] < 0.002
+    # the sender's second backward after no send, a posted receive, a later one
+    (rows,) = _gather(send_after._trials, 2, (_free_port(), 32, 2, 2, (4096,), False, 2),
+                      expected=1)
+    table = pd.DataFrame(rows, columns=["bytes", "condition", "gap_s", "backward_s"])
+    assert sorted(set(zip(table["bytes"], table.condition, strict=True))) == [
+        (0, "none"), (4096, "later"), (4096, "posted")]
+    assert len(table) == 3 * 2 and (table.backward_s > 0).all() and (table.gap_s >= 0).all()
+
+
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
     from executor.in_place import _stage_step, idle_costs
 
