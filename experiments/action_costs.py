@@ -110,10 +110,10 @@ def kinds_before(iteration: pd.DataFrame) -> list[str]:
 
 def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: Cluster,
                   batch: int) -> pd.DataFrame:
-    """One row per measured compute action: its plan's fields, its stage (and the plan's
-    last), its seconds, the simulator's seconds for it alone (``host_contention`` 0), the
-    share of it beside another rank's compute, the idle before it on its device
-    (``idle_s``) and what that device ran before it (``before``: :func:`kinds_before`)."""
+    """One row per measured compute action: its plan's fields, its stage, its seconds,
+    the simulator's seconds for it alone (``host_contention`` 0), the share of it beside
+    another rank's compute, the idle before it on its device (``idle_s``) and what that
+    device ran before it (``before``: :func:`kinds_before`)."""
     alone = dataclasses.replace(cluster, host_contention=0.0, host_slowdowns=())
     compute = actions[actions.kind.isin(["F", "B"])]
     rows = []
@@ -127,12 +127,11 @@ def action_ratios(actions: pd.DataFrame, profiles: dict[str, Profile], cluster: 
             for r, share, idle, before in zip(it.itertuples(), beside_shares(it),
                                               idles_before(it), kinds_before(it), strict=True):
                 rows.append((model, ",".join(map(str, plan.balance)), plan.n_microbatches,
-                             plan.checkpoint, plan.schedule, r.stage, plan.n_stages - 1, r.kind,
-                             r.end - r.start, predicted[(r.stage, r.kind, r.microbatch)], share,
-                             idle, before))
+                             plan.checkpoint, plan.schedule, r.stage, r.kind, r.end - r.start,
+                             predicted[(r.stage, r.kind, r.microbatch)], share, idle, before))
     out = pd.DataFrame(rows, columns=["model", "balance", "chunks", "checkpoint", "schedule",
-                                      "stage", "last_stage", "kind", "measured_s",
-                                      "predicted_alone_s", "beside_share", "idle_s", "before"])
+                                      "stage", "kind", "measured_s", "predicted_alone_s",
+                                      "beside_share", "idle_s", "before"])
     return out.assign(ratio=out.measured_s / out.predicted_alone_s,
                       overlap=out.beside_share.map(overlap_class))
 
@@ -155,7 +154,7 @@ def pooled_paces(folders: Sequence[Path], tag: str = "cpu"
     ``tag``; a folder without actions is skipped), each against the seconds today's model
     gives it alone from that run's own profiles and readings
     (:func:`experiments.validation.saved_grid`, host contention 0): ``(table, contention,
-    laws, repeats)``.
+    laws, repeats, late)``.
 
     ``table``: per model, idle bin (:func:`idle_bin`) and overlap class, the median ratio
     over every action of every run.  ``contention``: per run and model, what overlapping
@@ -214,12 +213,13 @@ LATE_S = 0.3e-3
 
 
 def late_backwards(table: pd.DataFrame) -> pd.DataFrame:
-    """The last stage's backwards after a backward (GPipe's backward phase, 1F1B's
-    cool-down), per model and schedule at 2 or more micro-batches: the share that started
+    """The last stage's backwards after a backward (GPipe's backward phase: 1F1B's last
+    stage alternates), per model and schedule at 2 or more micro-batches: the share that started
     more than :data:`LATE_S` after the rank's previous action (nothing to wait for: the
     last stage starts its backward from its own loss), and for those and the others the
     median gap before them and how much longer than alone they ran (milliseconds)."""
-    b = table[(table.kind == "B") & (table.stage == table.last_stage) & (table.before == "same")
+    last = table.balance.str.count(",")  # the last stage's index: the balance's commas
+    b = table[(table.kind == "B") & (table.stage == last) & (table.before == "same")
               & (table.chunks >= 2)]
     b = b.assign(late=b.idle_s > LATE_S, gap_ms=1e3 * b.idle_s,
                  over_ms=1e3 * (b.measured_s - b.predicted_alone_s))

@@ -192,12 +192,12 @@ def figures(runs: pd.DataFrame, plans: pd.DataFrame, column: str) -> dict:
     # measurement, against the pooled fastest; plans that run one program (GPipe and
     # 1F1B at one micro-batch) are one plan, judged by all their measurements pooled
     group = dict(zip(map(tuple, plans[KEY].to_numpy()), program_groups(plans), strict=True))
-    run_group = [group[k] for k in map(tuple, runs[KEY].to_numpy())]
+    run_group = pd.Series([group[k] for k in map(tuple, runs[KEY].to_numpy())], index=runs.index)
     measured = runs.measured_ms.groupby(run_group).median()
     regrets: dict[str, dict[str, float]] = {}
     for m, part in runs.groupby("model"):
-        best = measured.loc[sorted({group[k] for k in map(tuple, part[KEY].to_numpy())})].min()
-        per_run = [100 * (measured.loc[group[tuple(r.loc[r[column].idxmin(), KEY])]] / best - 1)
+        best = measured.loc[run_group[part.index].unique()].min()
+        per_run = [100 * (measured.loc[run_group[r[column].idxmin()]] / best - 1)
                    for _, r in part.groupby("run")]
         regrets[m] = {"median_pct": float(np.median(per_run)), "max_pct": float(np.max(per_run))}
     out["regret"] = regrets
