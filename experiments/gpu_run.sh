@@ -19,15 +19,16 @@
 #       about a minute and a half a model)
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
-# fp32 grid is done, results/gpu/h200-2026-11-26-grid/; next, in one call,
-# `switch --model gpt; switch --model mlp; console` (about four minutes: does the interpreter's
-# hand-over make the 2-sample plans' loss? experiments/README.md, "Measured on an H200";
-# and the console's GPU path, untried on a GPU, 2026-11-26), then
+# fp32 grid is done, results/gpu/h200-2026-11-26-grid/; 2026-11-27: switch, console and the
+# 4-rank mlp grid with idle costs are done, results/gpu/h200-2026-11-27/; next,
 # gpu --models gpt into a folder of its own (its profiles time the pairs), re-predicted
-# afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16,
-# then threads with tests):
-#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean alone in
-#           one call under `timeout 560`, then gpt alike (--lean: no ablation-only readings
+# afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16 with
+# each plan timed longer, then threads with tests):
+#   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean
+#           --min-seconds 1 alone in one call under `timeout 560` (2026-11-27 at the
+#           default 0.25 s a plan: 386 s, 48 of them the grid, and a noise floor of 8.1%
+#           that the 8.45% median error sat on; 1 s a plan, about 90 s more), then gpt
+#           alike (--lean: no ablation-only readings
 #           nor confirmed choice, a fifth or so less: 308 -> about 240 s for a quick
 #           4-rank mlp grid on the 2-core VM) (2026-11-26 without idle costs: both
 #           models' 4-rank grid in 7 minutes on the H200 host, 8.1% / 32.5%; with idle

@@ -13,7 +13,8 @@ The GPU check anyone can run without a GPU.  Sources, under
   threads on one H100), profiles and calibration beside it;
 * ``cpu16/``: 4 (and 8) pinned CPU processes on 16 cores, profiles and calibrations;
   the project's own later 16-core grids (``experiments/results/gpu/validation_cpu_*``,
-  2026-11-26) beside them, as run and re-predicted (:func:`cpu16_latest`);
+  2026-11-26, and ``h200-2026-11-27/``: mlp with idle costs) beside them, as run and
+  re-predicted (:func:`cpu16_latest`, :data:`CPU16_GRIDS`);
 
 and the project's latest GPU run, ``experiments/results/gpu/`` (2026-11-23, the same grid
 on an H100 with long-lived workers and the measured concurrency law, each plan's memory
@@ -524,22 +525,30 @@ def cpu16(evidence: Path) -> list[dict]:
     return rows
 
 
+#: the project's own 16-core grids (``gpu_run.sh cpu16`` on the H200 machine's host):
+#: (folder, ``validate.py`` results tag, source name)
+CPU16_GRIDS = (
+    (LATEST_GPU, "cpu_4stages", "cpu16_4ranks_latest"),  # 2026-11-26, no idle costs
+    (LATEST_GPU, "cpu_8stages", "cpu16_8ranks_latest"),  # the same, its quick 8-rank grid
+    # 2026-11-27, mlp with idle costs measured on every rank at once
+    (LATEST_GPU / "h200-2026-11-27", "cpu_4stages_mlp", "cpu16_4ranks_1127"),
+)
+
+
 def cpu16_latest(_evidence: Path) -> list[dict]:
-    """Rows for the project's own 16-core grids in :data:`LATEST_GPU`
-    (``validation_cpu_{4,8}stages.csv``, ``gpu_run.sh cpu16``, 2026-11-26 on the H200
-    machine's host): ``as_run``, the prediction the run made, and ``today``, the same plans
-    predicted again from the run's own profiles and readings (``validate.py``'s
+    """Rows for the project's own 16-core grids in :data:`CPU16_GRIDS`: ``as_run``, the
+    prediction the run made, and ``today``, the same plans predicted again from the run's
+    own profiles and readings (``validate.py``'s
     :func:`experiments.validation.predict_saved`)."""
     rows = []
-    for stages in (4, 8):
-        tag = f"cpu_{stages}stages"
-        if not (LATEST_GPU / f"validation_{tag}.csv").exists():
+    for folder, tag, source in CPU16_GRIDS:
+        if not (folder / f"validation_{tag}.csv").exists():
             continue
-        table = predict_saved(LATEST_GPU, tag)
+        table = predict_saved(folder, tag)
         for r in table.itertuples():
             plan = _plan(str(r.balance), r.chunks, r.checkpoint, r.schedule)
             for variant, predicted in (("as_run", r.predicted_ms), ("today", r.predicted_ms_now)):
-                rows.append({"source": f"cpu16_{stages}ranks_latest",
+                rows.append({"source": source,
                              **plan_columns(r.model, plan), "dtype": "float32",
                              "plan": plan.label(), "variant": variant,
                              "predicted_ms": predicted, "measured_ms": r.measured_ms,

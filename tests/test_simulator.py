@@ -2014,6 +2014,18 @@ def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
     assert len(today) == 120 and today.predicted_ms.gt(0).all()
     # the 8-rank grid was cut after mlp: its finished plans still come back
     assert set(rows[rows.source == "cpu16_8ranks_latest"].model) == {"mlp"}
+    # 2026-11-27's mlp grid in a folder of its own, predicted again with the idle costs it
+    # measured on every rank at once (not as its ablation without them)
+    folder = LATEST_GPU / "h200-2026-11-27"
+    saved = pd.read_csv(folder / "validation_cpu_4stages_mlp.csv").assign(
+        plan=lambda t: [f"{r.schedule} [{r.balance}] m={r.chunks} ckpt={r.checkpoint}"
+                        for r in t.itertuples()]).set_index("plan")
+    later = rows[rows.source == "cpu16_4ranks_1127"].pivot_table(
+        index="plan", columns="variant", values="predicted_ms").loc[saved.index]
+    assert len(later) == 60
+    assert later["as_run"].to_numpy() == pytest.approx(saved.predicted_ms.to_numpy())
+    without_idle = (later["today"] / saved.predicted_ms_no_idle_costs - 1).abs()
+    assert without_idle.gt(0.02).mean() > 0.5
 
 
 def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone():
