@@ -755,6 +755,36 @@ def test_the_wait_and_send_micro_benchmarks_time_every_condition_on_two_ranks():
     assert len(table) == 3 * 2 and (table.backward_s > 0).all() and (table.gap_s >= 0).all()
 
 
+def test_gc_in_pipeline_places_each_collection_on_the_traces_timeline():
+    from experiments.gc_in_pipeline import place_collections, run
+
+    # two iterations laid end to end: the second starts where the first's last row ended
+    actions = pd.DataFrame(
+        [(0, 1, "F", 0.001, 0.004), (0, 1, "B", 0.006, 0.009), (0, 0, "F", 0.000, 0.010),
+         (1, 1, "F", 0.011, 0.014), (1, 1, "B", 0.016, 0.019), (1, 0, "F", 0.010, 0.020)],
+        columns=["iteration", "device", "kind", "start", "end"])
+    origins = [100.0, 200.0]  # rank 1's perf_counter at each iteration's origin
+    events = [(0, 100.002, 100.0025),  # inside iteration 0's forward
+              (1, 100.0045, 100.005),  # between its forward and backward
+              (0, 200.007, 200.008),  # inside iteration 1's backward (offset 0.010)
+              (2, 200.050, 200.060),  # past iteration 1's last row
+              (0, 50.0, 50.001)]  # before the first measured origin (warm-up)
+    placed = place_collections(actions, 1, origins, events)
+    assert list(placed.place) == ["in_F", "between", "in_B", "outside", "outside"]
+    assert list(placed.generation) == [0, 1, 0, 2, 0]
+    assert placed.seconds.to_numpy() == pytest.approx([0.0005, 0.0005, 0.001, 0.01, 0.001])
+    with pytest.raises(ValueError, match="1 origins for 2 measured iterations"):
+        place_collections(actions, 1, origins[:1], events)
+    # a real run: every rank's collections counted, each in one of the places
+    table = run("mlp", (2, 3), 2, ["gpipe"], iterations=2, warmup=1, pin_cores=False,
+                width=32, depth=4, in_features=32)
+    assert set(table["rank"]) == {0, 1} and set(table.place) <= {"in_F", "in_B", "between",
+                                                                 "outside"}
+    assert (table["count"] > 0).all() and (table.iteration_s > 0).all()
+    # the run's own bookkeeping after its iterations collects: some fall outside them
+    assert "outside" in set(table.place)
+
+
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
     from executor.in_place import _stage_step, idle_costs
 
