@@ -785,6 +785,21 @@ def test_gc_in_pipeline_places_each_collection_on_the_traces_timeline():
     assert "outside" in set(table.place)
 
 
+def test_stage_order_alone_times_a_stage_in_each_schedules_order():
+    from experiments.stage_order_alone import summarise, time_orders
+
+    actions = time_orders("mlp", (2, 3), 4, 1, ["gpipe", "1f1b"], iterations=2, rounds=2,
+                          warmup=1, width=32, depth=4, in_features=32)
+    assert (actions.seconds > 0).all() and (actions.gap_s.dropna() >= 0).all()
+    table = summarise(actions).set_index(["schedule", "kind", "before"]).actions
+    runs = 2 * 2  # iterations x rounds
+    # GPipe's last stage: four forwards, then four backwards, the first after a forward;
+    # 1F1B's alternates (F B F B ...): every backward after a forward
+    assert table.to_dict() == {("1f1b", "B", "F"): 4 * runs, ("1f1b", "F", "B"): 3 * runs,
+                               ("gpipe", "B", "B"): 3 * runs, ("gpipe", "B", "F"): 1 * runs,
+                               ("gpipe", "F", "F"): 3 * runs}
+
+
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
     from executor.in_place import _stage_step, idle_costs
 
