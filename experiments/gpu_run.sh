@@ -27,7 +27,7 @@
 #   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean
 #           --min-seconds 1 alone in one call under `timeout 560` (2026-11-27 at the
 #           default 0.25 s a plan: 386 s, 48 of them the grid, and a noise floor of 8.1%
-#           that the 8.45% median error sat on; 1 s a plan, about 90 s more), then gpt
+#           that the 8.45% median error sat on; 1 s a plan, about a minute more), then gpt
 #           alike (--lean: no ablation-only readings
 #           nor confirmed choice, a fifth or so less: 308 -> about 240 s for a quick
 #           4-rank mlp grid on the 2-core VM) (2026-11-26 without idle costs: both
