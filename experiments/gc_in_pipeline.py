@@ -38,6 +38,7 @@ from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from experiments.common import machine, write_results
 from pipesim.plan import Plan
+from pipesim.trace import metrics
 
 #: where a collection fell: inside a forward or backward, between a rank's actions within
 #: a measured iteration, or outside the measured iterations
@@ -135,7 +136,7 @@ def run(model: str, balance: tuple[int, ...], chunks: int, schedules: list[str],
                                          pin_cores=pin_cores)
             actions = result.trace.actions
             per_rank = [read_log(p) for p in sorted(Path(log_dir).glob("*.log"))]
-        spans = actions.groupby("iteration").agg(s=("start", "min"), e=("end", "max"))
+        iteration_s = metrics(result.trace).iteration_time_s
         for rank, origins, events in per_rank:
             placed = place_collections(actions, rank, origins[warmup:warmup + iterations],
                                        events)
@@ -143,7 +144,7 @@ def run(model: str, balance: tuple[int, ...], chunks: int, schedules: list[str],
                      .agg(["size", "sum", "median"]).reset_index()
                      .rename(columns={"size": "count", "sum": "total_s", "median": "median_s"}))
             out.append(table.assign(plan=plan.label(), iterations=iterations,
-                                    iteration_s=float((spans.e - spans.s).median())))
+                                    iteration_s=iteration_s))
     return pd.concat(out, ignore_index=True)[
         ["plan", "iterations", "iteration_s", "rank", "generation", "place", "count",
          "total_s", "median_s"]]

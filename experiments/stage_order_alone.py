@@ -21,7 +21,6 @@ schedule, kind and the kind before) and .json.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import pandas as pd
 import torch
 
+from executor.cores import threads_on
 from executor.host_allocator import retain_freed_memory
 from executor.microbatch import scatter
 from executor.models import builtin_job
@@ -105,11 +105,10 @@ def main() -> None:
     # as a pinned rank runs: one core, one torch thread, freed memory kept
     retain_freed_memory()
     torch.set_num_threads(1)
-    if hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, {args.core})
-    actions = time_orders(args.model, tuple(int(b) for b in args.balance.split(",")),
-                          args.chunks, args.stage, args.schedules.split(","), args.iterations,
-                          args.rounds)
+    with threads_on({args.core}):
+        actions = time_orders(args.model, tuple(int(b) for b in args.balance.split(",")),
+                              args.chunks, args.stage, args.schedules.split(","),
+                              args.iterations, args.rounds)
     table = summarise(actions)
     with pd.option_context("display.width", 160):
         print(table.to_string(index=False, float_format=lambda v: f"{v * 1e3:.3f} ms"

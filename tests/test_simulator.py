@@ -2003,6 +2003,7 @@ def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
     import pandas as pd
 
     from experiments.repredict_evidence import LATEST_GPU, cpu16_latest
+    from experiments.validation import row_plan
 
     rows = pd.DataFrame(cpu16_latest(LATEST_GPU))
     as_run = rows[(rows.variant == "as_run") & (rows.source == "cpu16_4ranks_latest")]
@@ -2018,8 +2019,7 @@ def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
     # measured on every rank at once (not as its ablation without them)
     folder = LATEST_GPU / "h200-2026-11-27"
     saved = pd.read_csv(folder / "validation_cpu_4stages_mlp.csv").assign(
-        plan=lambda t: [f"{r.schedule} [{r.balance}] m={r.chunks} ckpt={r.checkpoint}"
-                        for r in t.itertuples()]).set_index("plan")
+        plan=lambda t: [row_plan(r, 32).label() for r in t.itertuples()]).set_index("plan")
     later = rows[rows.source == "cpu16_4ranks_1127"].pivot_table(
         index="plan", columns="variant", values="predicted_ms").loc[saved.index]
     assert len(later) == 60
