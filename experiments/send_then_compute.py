@@ -1,4 +1,4 @@
-"""Does a message reach a waiting receiver later when its sender computes right after it?
+"""Does a message reach its receiver later when its sender computes right after it?
 
 In GPipe's phases a stage sends and goes straight on to its next action; in 1F1B's it
 more often waits for its next input.  Pooled over the committed CPU grids, a U-Net
@@ -6,22 +6,37 @@ message (128 KiB and up) whose receiver was already waiting took 0.38 ms from po
 receipt at the median and 1.2 ms on average where its sender had started computing
 before the receipt, against 0.14 / 0.31 ms where it had not (GPipe [8,5] at 16
 micro-batches, 2026-11-27).  Here two ranks pinned to a core each (gloo, a process group
-per direction, as the executor sends) isolate that: each round rank 1 waits for rank 0's
-``count`` messages of ``nbytes``, its receives posted before the send (``ahead``, as the
-executor posts them while the action before runs) or 0.5 ms after it (``late``: gloo
-then writes the bytes from the sender's I/O thread once the receive is posted), and rank
-0 computes 1 ms, sends, then computes 2 ms (``compute``) or sleeps as long (``sleep``)::
+per direction, as the executor sends) isolate that.  Each round rank 0 computes 1 ms,
+sends ``count`` messages of ``nbytes``, then computes 2 ms (``compute``: small matmuls,
+or with ``--model`` a grid's first stage's forwards) or sleeps as long (``sleep``), and
+rank 1, the receiver:
+
+* ``waits``: its receives posted before the send (as the executor posts them while the
+  action before runs), waiting;
+* ``late``: posts them 0.5 ms after the send (gloo then writes the bytes from the
+  sender's I/O thread, which shares the sender's core with its compute);
+* ``busy``: posted before, computing until 0.5 ms after the send, then waiting::
 
     rank 0   |compute 1 ms| isend x count |compute 2 ms ......|      (or sleep 2 ms)
-    rank 1        receives posted (ahead) ... wait .......^ received  (late: posted
-                                                                    0.5 ms after the send)
+    rank 1   waits:  posted ....... wait ....^ received
+             late:   ............ post, wait ....^ received
+             busy:   posted |compute .......| wait ..^ received
 
 The delivery is timed from the send's post to the last receive's return (both ranks read
-one monotonic clock).  The four conditions alternate within each round; medians, means
+one monotonic clock).  The six conditions alternate within each round; medians, means
 and 90th percentiles over rounds.
 
-    python experiments/send_then_compute.py [--rounds 80] [--subdir gpu]
-Writes experiments/results/send_then_compute.csv (one row per case and condition) and .json.
+Seen on this project's VM (2026-11-27, 75 rounds): whatever the receiver, the sender
+computing or sleeping after its send delivers alike -- 2 x 128 KiB to a waiting receiver
+0.16 / 0.16 ms (median, compute / sleep), to a late one 0.71 / 0.72, to a busy one 0.52 /
+0.51 (the receiver's own 0.5 ms); with the U-Net's first stage computing (``--model unet``)
+0.19 / 0.19, 0.78 / 0.78, 0.55 / 0.52.  So the grids' slow messages are not the sender's
+I/O waiting behind its next action.
+
+    python experiments/send_then_compute.py [--rounds 80] [--model unet --name NAME]
+                                            [--subdir gpu]
+Writes experiments/results/send_then_compute.csv (one row per case and condition; ``NAME``
+for another ``--name``) and .json.
 """
 
 from __future__ import annotations
@@ -30,6 +45,7 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -41,14 +57,17 @@ import torch.distributed as dist
 
 from executor.calibrate import _gather
 from executor.distributed import _free_port, directional_groups
+from executor.models import builtin_job
 from executor.transport import _work
 from experiments.common import machine, write_results
 
 #: (bytes per message, messages per round): the CPU grid's GPT (32 KiB) and U-Net (128 KiB
 #: and up, two a step: its output and a skip) messages at 8-16 micro-batches
 CASES = ((32 << 10, 2), (128 << 10, 1), (128 << 10, 2), (512 << 10, 2))
-#: (receive posted, what the sender does after sending), alternated within each round
-CONDITIONS = (("ahead", "compute"), ("ahead", "sleep"), ("late", "compute"), ("late", "sleep"))
+#: (the receiver: posted ahead and waiting, posting late, or posted ahead and computing
+#: past the send; what the sender does after sending), alternated within each round
+CONDITIONS = tuple((receiver, after) for receiver in ("waits", "late", "busy")
+                   for after in ("compute", "sleep"))
 SKIPPED = 5  # first rounds: connections being set up
 BEFORE_S, AFTER_S, LATE_S = 1e-3, 2e-3, 0.5e-3
 
@@ -61,8 +80,25 @@ def _spin(seconds: float, a: torch.Tensor) -> torch.Tensor:
     return a
 
 
+def _stage_forwards(model: str, layers: int, samples: int) -> Callable[[float], None]:
+    """Compute for a given number of seconds as a grid's first stage does: forwards of the
+    first ``layers`` layers of the grid's built-in ``model`` on ``samples`` samples, each
+    graph dropped after it (its memory freed as a backward would)."""
+    from experiments.validate import MODELS
+
+    module, _loss, x, _y = builtin_job(model, samples, **MODELS[model])
+    head = module[:layers]
+
+    def compute(seconds: float) -> None:
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            head(x).sum()
+
+    return compute
+
+
 def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width: int,
-              out) -> None:
+              stage: tuple[str, int, int] | None, out) -> None:
     """One rank of the exchange (run under :func:`executor.calibrate._gather`, which pins
     it): per round and condition, rank 0 reports when it posted its sends, rank 1 when the
     last message was in."""
@@ -71,39 +107,52 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
                             world_size=2)
     up, _down = directional_groups()  # rank 0 -> 1 over ``up``, as the executor's forwards
     a = torch.randn(width, width) / width ** 0.5
+    # (the sender's compute: small matmuls, or a grid's first stage: (model, layers, samples))
+    stage_compute = _stage_forwards(*stage) if stage is not None and rank == 0 else None
+
+    def compute(seconds: float) -> None:
+        nonlocal a
+        if stage_compute is not None:
+            stage_compute(seconds)
+        else:
+            a = _spin(seconds, a)
+
     times: list[tuple[int, str, str, float]] = []
     tag = 0
     for r in range(rounds):
-        for posted, after in CONDITIONS:
+        for receiver, after in CONDITIONS:
             tag += 1
             if rank == 0:
                 sent = [torch.ones(nbytes // 4) for _ in range(count)]
                 dist.barrier()
-                a = _spin(BEFORE_S, a)
+                a = _spin(BEFORE_S, a)  # (precise: the receiver's timing counts on it)
                 t_post = time.perf_counter()
                 works = [_work(dist.isend(s, 1, tag=tag * 8 + k, group=up))
                          for k, s in enumerate(sent)]
                 if after == "compute":
-                    a = _spin(AFTER_S, a)
+                    compute(AFTER_S)
                 else:
                     time.sleep(AFTER_S)
                 for w in works:
                     w.wait()
-                times.append((r, posted, after, t_post))
+                times.append((r, receiver, after, t_post))
             else:
                 bufs = [torch.empty(nbytes // 4) for _ in range(count)]
-                if posted == "ahead":
+                if receiver != "late":
                     works = [_work(dist.irecv(b, 0, tag=tag * 8 + k, group=up))
                              for k, b in enumerate(bufs)]
                 dist.barrier()
-                if posted == "late":
+                if receiver == "busy":
+                    # computing as the message comes, until LATE_S after the send's post
+                    a = _spin(BEFORE_S + LATE_S, a)
+                if receiver == "late":
                     # the sender posts after BEFORE_S; post ours LATE_S after that
                     time.sleep(BEFORE_S + LATE_S)
                     works = [_work(dist.irecv(b, 0, tag=tag * 8 + k, group=up))
                              for k, b in enumerate(bufs)]
                 for w in works:
                     w.wait()
-                times.append((r, posted, after, time.perf_counter()))
+                times.append((r, receiver, after, time.perf_counter()))
             dist.barrier()  # both done before the next condition
     dist.destroy_process_group()
     out.put({"rank": rank, "times": times})
@@ -113,7 +162,7 @@ def delivery_table(sender: list[tuple], receiver: list[tuple]) -> pd.DataFrame:
     """Per round and condition, the seconds from the sender's post to the receiver
     holding the last message (``delivery_ms``), rounds before :data:`SKIPPED` left out."""
     posts = {(r, p, a): t for r, p, a, t in sender}
-    rows = [{"round": r, "posted": p, "after": a, "delivery_ms": 1e3 * (t - posts[(r, p, a)])}
+    rows = [{"round": r, "receiver": p, "after": a, "delivery_ms": 1e3 * (t - posts[(r, p, a)])}
             for r, p, a, t in receiver if (r, p, a) in posts and r >= SKIPPED]
     return pd.DataFrame(rows)
 
@@ -123,7 +172,7 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
     def over(x: pd.Series) -> float:
         return float((x > 1.0).mean())
 
-    return (table.groupby(["bytes", "messages", "posted", "after"]).delivery_ms
+    return (table.groupby(["bytes", "messages", "receiver", "after"]).delivery_ms
             .agg(rounds="size", median="median", mean="mean",
                  p90=lambda x: float(np.quantile(x, 0.9)), over_1ms=over).reset_index())
 
@@ -133,20 +182,28 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--width", type=int, default=64,
                     help="the computing ranks' square matrices (64: small layers)")
+    ap.add_argument("--model", default="",
+                    help="the sender computes a grid's first stage of this built-in model "
+                    "(experiments/validate.py's sizes) instead of small matmuls")
+    ap.add_argument("--layers", type=int, default=8, help="with --model: the stage's layers")
+    ap.add_argument("--samples", type=int, default=2, help="with --model: a micro-batch")
+    ap.add_argument("--name", default="send_then_compute", help="the results' file name")
     ap.add_argument("--subdir", default="", help="results sub-folder (gpu on that machine)")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores: one per rank")
+    stage = (args.model, args.layers, args.samples) if args.model else None
     parts = []
     for nbytes, count in CASES:
-        items = _gather(_exchange, 2, (_free_port(), nbytes, count, args.rounds, args.width),
+        items = _gather(_exchange, 2, (_free_port(), nbytes, count, args.rounds, args.width,
+                                       stage),
                         expected=2, pin_cores=True)
         by_rank = {i["rank"]: i["times"] for i in items}
         part = delivery_table(by_rank[0], by_rank[1]).assign(bytes=nbytes, messages=count)
         parts.append(part)
         print(summarise(part).round(3).to_string(index=False), flush=True)
     table = summarise(pd.concat(parts, ignore_index=True))
-    write_results("send_then_compute", table, {**machine(), "rounds": args.rounds,
+    write_results(args.name, table, {**machine(), "rounds": args.rounds, "stage": stage,
                                                "before_s": BEFORE_S, "after_s": AFTER_S,
                                                "late_s": LATE_S, "width": args.width},
                   args.subdir)

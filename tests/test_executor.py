@@ -803,30 +803,40 @@ def test_stage_order_alone_times_a_stage_in_each_schedules_order():
 def test_send_then_compute_times_each_message_from_its_post_to_its_receipt():
     from executor.calibrate import _gather
     from executor.distributed import _free_port
-    from experiments.send_then_compute import CONDITIONS, SKIPPED, _exchange, delivery_table, summarise
+    from experiments.send_then_compute import (
+        CONDITIONS,
+        LATE_S,
+        SKIPPED,
+        _exchange,
+        delivery_table,
+        summarise,
+    )
 
     # the sender's posts and the receiver's receipts on one clock: delivery is their
     # difference, warm-up rounds left out, a receipt without its post dropped
-    sender = [(SKIPPED, "ahead", "compute", 10.0), (SKIPPED, "late", "sleep", 20.0),
-              (SKIPPED + 1, "ahead", "compute", 30.0), (0, "ahead", "compute", 1.0)]
-    receiver = [(SKIPPED, "ahead", "compute", 10.0002), (SKIPPED, "late", "sleep", 20.0012),
-                (SKIPPED + 1, "ahead", "compute", 30.0004), (0, "ahead", "compute", 1.5),
-                (SKIPPED + 2, "ahead", "sleep", 40.0)]
+    sender = [(SKIPPED, "waits", "compute", 10.0), (SKIPPED, "late", "sleep", 20.0),
+              (SKIPPED + 1, "waits", "compute", 30.0), (0, "waits", "compute", 1.0)]
+    receiver = [(SKIPPED, "waits", "compute", 10.0002), (SKIPPED, "late", "sleep", 20.0012),
+                (SKIPPED + 1, "waits", "compute", 30.0004), (0, "waits", "compute", 1.5),
+                (SKIPPED + 2, "waits", "sleep", 40.0)]
     table = delivery_table(sender, receiver).assign(bytes=8, messages=1)
     assert table.delivery_ms.to_numpy() == pytest.approx([0.2, 1.2, 0.4])
-    summary = summarise(table).set_index(["posted", "after"])
-    assert summary.loc[("ahead", "compute"), "rounds"] == 2
-    assert summary.loc[("ahead", "compute"), "mean"] == pytest.approx(0.3)
+    summary = summarise(table).set_index(["receiver", "after"])
+    assert summary.loc[("waits", "compute"), "rounds"] == 2
+    assert summary.loc[("waits", "compute"), "mean"] == pytest.approx(0.3)
     assert summary.loc[("late", "sleep"), "median"] == pytest.approx(1.2)
-    assert summary.over_1ms.to_dict() == {("ahead", "compute"): 0.0, ("late", "sleep"): 1.0}
+    assert summary.over_1ms.to_dict() == {("waits", "compute"): 0.0, ("late", "sleep"): 1.0}
     # a real exchange between two processes: every condition of every measured round
-    # delivered, after its post
+    # delivered, after its post; a receiver that computes past the post holds the
+    # message only from then on
     rounds = SKIPPED + 2
-    items = _gather(_exchange, 2, (_free_port(), 4096, 2, rounds, 16), expected=2)
+    items = _gather(_exchange, 2, (_free_port(), 4096, 2, rounds, 16, None), expected=2)
     by_rank = {i["rank"]: i["times"] for i in items}
     real = delivery_table(by_rank[0], by_rank[1])
     assert len(real) == 2 * len(CONDITIONS)
     assert (real.delivery_ms > 0).all()
+    busy = real[real.receiver == "busy"].delivery_ms
+    assert (busy >= 1e3 * LATE_S * 0.9).all()
 
 
 def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_once():
