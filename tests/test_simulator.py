@@ -217,6 +217,48 @@ def test_cost_biases_pool_each_stages_alone_ratio_over_runs():
     assert 0 < got.scatter_pct.iloc[0] < 5
 
 
+def test_phase_errors_read_an_iterations_phases_and_what_its_inputs_waited_for():
+    from experiments.phase_errors import iteration_figures, summarise, trace_figures
+
+    ms = 1e-3
+    rows = [  # (device, microbatch, kind, start, end, resource): GPipe, 2 stages, 2 micro-batches
+        (0, 0, "F", 0.0, 1.0, "dev0"), (0, 1, "F", 1.2, 2.2, "dev0"),
+        (0, 1, "B", 5.0, 6.0, "dev0"), (0, 0, "B", 6.5, 7.5, "dev0"),
+        (1, 0, "F", 1.5, 2.5, "dev1"), (1, 1, "F", 3.0, 4.0, "dev1"),
+        (1, 1, "B", 4.1, 4.6, "dev1"), (1, 0, "B", 4.7, 5.2, "dev1"),
+        # transfers: from the post to the receipt; F(1) on dev1 waits for its output and
+        # a skip, the later of the two
+        (0, 0, "SEND_F", 1.0, 1.3, "dev0->dev1"), (0, 1, "SEND_F", 2.2, 2.8, "dev0->dev1"),
+        (0, 1, "SEND_S", 2.3, 2.9, "dev0->dev1"),
+        (1, 1, "SEND_B", 4.6, 4.9, "dev1->dev0"), (1, 0, "SEND_B", 5.2, 6.3, "dev1->dev0")]
+    one = pd.DataFrame([(d, d, mb, k, t0 * ms, t1 * ms, res) for d, mb, k, t0, t1, res in rows],
+                       columns=["device", "stage", "microbatch", "kind", "start", "end",
+                                "resource"])
+    figures = iteration_figures(one)
+    expected = {"first_forwards": 2.2, "last_forwards": 4.0, "last_backwards": 5.2, "end": 7.5,
+                "busy_F_first": 2.0, "busy_F_last": 2.0, "busy_B_first": 2.0,
+                "busy_B_last": 1.0,
+                # dev0's B(1): ready at 2.2, posted 4.6, in at 4.9, started 5.0; B(0): ready
+                # 6.0, posted 5.2, in at 6.3, started 6.5
+                "unsent_first": 2.4, "transit_first": 0.6, "after_first": 0.3,
+                # dev1's F(1): ready at 2.5, the skip posted 2.3, in at 2.9, started 3.0 (its
+                # first forward, ready at its start, adds nothing)
+                "unsent_last": 0.0, "transit_last": 0.4, "after_last": 0.1}
+    assert figures == pytest.approx(expected)
+    # a trace of two iterations: a measured one leaves its first (warm-up) out
+    second = one.assign(start=one.start + 0.01, end=one.end + 0.01)
+    slower = second.assign(end=second.end + (second.kind == "B") * 0.2 * ms)
+    trace = Trace(pd.concat([one.assign(iteration=0), slower.assign(iteration=1)],
+                            ignore_index=True))
+    assert trace_figures(trace, skip_first=True)["busy_B_last"] == pytest.approx(1.4)
+    assert trace_figures(trace, skip_first=False)["busy_B_last"] == pytest.approx(1.2)
+    # over runs: medians of the measured, the predicted and of their differences
+    table = pd.DataFrame({"run": ["a", "b", "c"], "model": "unet", "plan": "p", "figure": "end",
+                          "measured_ms": [10.0, 12.0, 20.0], "predicted_ms": [9.0, 13.0, 15.0]})
+    got = summarise(table).iloc[0]
+    assert (got.measured_ms, got.predicted_ms, got.difference_ms, got.runs) == (12.0, 13.0, -1.0, 3)
+
+
 def test_a_grid_reports_its_error_with_the_runs_own_costs_alone():
     """validate.py's table: beside the prediction, the same model with each action at the
     cost it had alone in the run -- here the whole of the error, which is stage 0's."""
