@@ -15,22 +15,30 @@ not yet received (``transit``: from the later of the post and the worker's readi
 the receipt), and the receipt to the action's start (``after``: the wake-up, the
 executor's gap).  Summed over each iteration, medians over iterations, then over runs.
 
-Seen over the 43 grids of 2026-11-24..27 (medians of each run's predicted less measured):
-U-Net GPipe [8,5] at 16 micro-batches `never` (-10.3% pooled, the largest; 1F1B's same plan
--0.7%) ends 10.0 ms early: 2.9 ms of it by the end of the last stage's forwards, 5.6 by the
-end of its backwards, the rest in the first stage's tail.  Its actions are not what is
-short (every busy figure is predicted 0.4-3.7 ms over).  Its waits are: in every plan read
-(U-Net and GPT [3,3] at 16, both schedules) the model puts too little in the transit
-(measured 2.5-5.8 ms an iteration a stage, predicted 0-1.3) and too much after the receipt
-(0.6-1.6 against 2.9-4.0: the calibrated wake-up, which holds the transit of the
-calibration pipeline's small messages); their sum is right for GPT's 32 KiB messages (3.5
-against 3.2 ms, last stage, GPipe) and short for U-Net's two of 128 KiB a step (7.4 against
-4.2 ms GPipe, 5.8 against 4.4 1F1B), and the first stage's inputs come late by what its
-sender lost (GPipe: 12.4 ms unsent against 4.9).
+Seen over the 44 grids of 2026-11-24..27 (medians of each run's predicted less measured):
+U-Net GPipe [8,5] at 16 micro-batches `never` (-11.0% pooled, the largest; 1F1B's same plan
++0.1% here) ends 10.4 ms early: 3.0 ms of it by the end of the last stage's forwards, 5.8
+by the end of its backwards, the rest in the first stage's tail.  Its actions are not what
+is short (every busy figure is predicted 0.3-3.5 ms over).  Its waits are: in every plan
+read (U-Net and GPT [3,3] at 16, both schedules) the model puts too little in the transit
+(measured 2.5-5.7 ms an iteration a stage, predicted 0-1.3) and too much after the receipt
+(0.6-1.6 against 3.0-4.0: the calibrated wake-up, which holds the transit of the
+calibration pipeline's small messages); the two add up right for GPT's 32 KiB messages
+(3.5 against 3.2 ms, last stage, GPipe) and short for U-Net's two of 128 KiB a step (7.3
+against 4.3 ms GPipe, 5.8 against 4.4 1F1B), and the first stage's inputs come late by what
+their sender lost (GPipe: 12.3 ms unsent against 4.9).  Where U-Net's transits go
+(``phase_errors_transits.csv``): an input whose sender had gone on to compute before it
+came took 0.21-0.24 ms at the median but 0.63-0.67 on average, 15% over 1 ms (GPipe; GPT's
+0.25-0.34, 3%), against 0.10-0.11 / 0.15-0.16 ms, 1.2-1.4%, where the sender had not.
+GPT GPipe [3,3] at 16 `always` (+6.8%) is the other way: its actions are over-charged
+(4.2-10.8 ms a stage and pass, the calibrated host contention), its waits short.
 
-    python experiments/phase_errors.py [--git 43] [--plans "unet:gpipe [8,5] m=16 ckpt=never;..."]
+    python experiments/phase_errors.py [--git 44] [--plans "unet:gpipe [8,5] m=16 ckpt=never;..."]
 Writes experiments/results/phase_errors.csv (one row per run, plan and figure: measured,
-predicted) and phase_errors_summary.csv (per plan and figure: medians over runs) and .json.
+predicted), phase_errors_summary.csv (per plan and figure: medians over runs) and
+phase_errors_transits.csv (per plan, receiving stage and whether the sender computed
+meanwhile: the measured transits of inputs that came after their receiver was ready), and
+.json beside each.
 """
 
 from __future__ import annotations
@@ -50,7 +58,7 @@ from experiments.grid_history import committed_runs
 from pipesim.simulator import simulate
 from pipesim.trace import Trace
 
-#: the pooled grid's largest errors (2026-11-27, 43 grids) and their other schedule
+#: the pooled grid's largest errors (2026-11-27, 44 grids) and their other schedule
 PLANS = ("unet:gpipe [8,5] m=16 ckpt=never", "unet:1f1b [8,5] m=16 ckpt=never",
          "gpt:gpipe [3,3] m=16 ckpt=always", "gpt:1f1b [3,3] m=16 ckpt=always")
 
@@ -109,6 +117,37 @@ def input_waits(actions: pd.DataFrame, mine: pd.DataFrame, device: int) -> dict[
     return out
 
 
+def message_transits(actions: pd.DataFrame) -> pd.DataFrame:
+    """Each step's inputs from another device in one iteration's measured actions, as
+    :func:`input_waits` reads them, where the receiver was ready before the receipt: the
+    transit (seconds, from the later of the post and its readiness to the receipt) and
+    whether the sender had started its next compute action before the receipt
+    (``sender_computing``: GPipe's senders go straight on to their next forward or
+    backward).  One row per receiving action: ``device``, ``kind``, ``microbatch``,
+    ``transit_s``, ``sender_computing``."""
+    compute = actions[actions.kind.isin(["F", "B"])]
+    kinds = {"F": ("SEND_F", "SEND_S"), "B": ("SEND_B", "SEND_SB")}
+    rows = []
+    for device, mine in compute.groupby("device"):
+        sends = actions[actions.kind.str.startswith("SEND_")
+                        & actions.resource.str.endswith(f"->dev{device}")]
+        ready = None
+        for r in mine.sort_values("start").itertuples():
+            inputs = sends[(sends.microbatch == r.microbatch) & sends.kind.isin(kinds[r.kind])]
+            if ready is not None and not inputs.empty:
+                post, receipt = float(inputs.start.max()), float(inputs.end.max())
+                if receipt > ready:
+                    src = int(inputs.resource.iloc[0].split("->")[0].removeprefix("dev"))
+                    theirs = compute[(compute.device == src) & (compute.start >= post)]
+                    rows.append({"device": device, "kind": r.kind, "microbatch": r.microbatch,
+                                 "transit_s": receipt - max(post, ready),
+                                 "sender_computing": bool(not theirs.empty
+                                                          and theirs.start.min() < receipt)})
+            ready = r.end
+    return pd.DataFrame(rows, columns=["device", "kind", "microbatch", "transit_s",
+                                       "sender_computing"])
+
+
 def trace_figures(trace: Trace, skip_first: bool) -> dict[str, float]:
     """:func:`iteration_figures` of every iteration of ``trace``, medians over them (the
     first left out where ``skip_first``: a measured run's warm-up)."""
@@ -117,10 +156,12 @@ def trace_figures(trace: Trace, skip_first: bool) -> dict[str, float]:
     return pd.DataFrame(rows).median().to_dict()
 
 
-def run_rows(folder: Path, plans: set[tuple[str, str]], tag: str = "cpu") -> list[dict]:
+def run_rows(folder: Path, plans: set[tuple[str, str]], tag: str = "cpu"
+             ) -> tuple[list[dict], list[pd.DataFrame]]:
     """One row per plan of ``plans`` ((model, label)) in the saved grid ``folder`` and
-    figure: measured and predicted (ms)."""
-    rows = []
+    figure: measured and predicted (ms); and each plan's measured transits
+    (:func:`message_transits`, its measured iterations)."""
+    rows, transits = [], []
     for _source, model, _dtype, profile, cluster, plan, measured in cpu_grid(folder, tag):
         if (model, plan.label()) not in plans:
             continue
@@ -128,7 +169,20 @@ def run_rows(folder: Path, plans: set[tuple[str, str]], tag: str = "cpu") -> lis
         meas, pred = trace_figures(measured, True), trace_figures(predicted, False)
         rows += [{"run": folder.name, "model": model, "plan": plan.label(), "figure": f,
                   "measured_ms": meas[f], "predicted_ms": pred[f]} for f in FIGURES]
-    return rows
+        transits += [message_transits(part).assign(run=folder.name, model=model,
+                                                   plan=plan.label())
+                     for it, part in measured.actions.groupby("iteration") if it > 0]
+    return rows, transits
+
+
+def transit_summary(transits: pd.DataFrame) -> pd.DataFrame:
+    """Per plan, receiving device and whether the sender was computing: how many inputs
+    came after their receiver was ready, their transit's median and mean (ms) and the
+    share over 1 ms."""
+    ms = transits.assign(transit_ms=1e3 * transits.transit_s)
+    return (ms.groupby(["model", "plan", "device", "sender_computing"]).transit_ms
+            .agg(inputs="size", median="median", mean="mean",
+                 over_1ms=lambda x: float((x > 1.0).mean())).reset_index())
 
 
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
@@ -143,25 +197,31 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--git", type=int, default=43, help="the last N committed grids")
+    ap.add_argument("--git", type=int, default=44, help="the last N committed grids")
     ap.add_argument("--plans", default=";".join(PLANS),
                     help="MODEL:LABEL;... (labels as the grids write them)")
     ap.add_argument("--tag", default="cpu")
     args = ap.parse_args()
     plans = {tuple(p.split(":", 1)) for p in args.plans.split(";")}
     rows: list[dict] = []
+    transits: list[pd.DataFrame] = []
     with tempfile.TemporaryDirectory() as tmp:
         for folder in committed_runs(args.git, Path(tmp), args.tag, also=(ACTIONS,)):
             if (folder / ACTIONS.format(tag=args.tag)).exists():
-                rows += run_rows(folder, plans, args.tag)  # type: ignore[arg-type]
+                got, seen = run_rows(folder, plans, args.tag)  # type: ignore[arg-type]
+                rows += got
+                transits += seen
     table = pd.DataFrame(rows)
     summary = summarise(table)
+    messages = transit_summary(pd.concat(transits, ignore_index=True))
     meta = {**machine(), "git": args.git, "plans": sorted(args.plans.split(";")),
             "runs": int(table.run.nunique()) if len(table) else 0}
     write_results("phase_errors", table, meta)
     write_results("phase_errors_summary", summary, meta)
+    write_results("phase_errors_transits", messages, meta)
     with pd.option_context("display.width", 160, "display.max_rows", 200):
         print(summary.round(2).to_string(index=False))
+        print(messages.round(3).to_string(index=False))
     print(f"wrote {RESULTS / 'phase_errors.csv'}")
 
 

@@ -31,10 +31,16 @@ computing or sleeping after its send delivers alike -- 2 x 128 KiB to a waiting 
 0.16 / 0.16 ms (median, compute / sleep), to a late one 0.71 / 0.72, to a busy one 0.52 /
 0.51 (the receiver's own 0.5 ms); with the U-Net's first stage computing (``--model unet``)
 0.19 / 0.19, 0.78 / 0.78, 0.55 / 0.52.  So the grids' slow messages are not the sender's
-I/O waiting behind its next action.
+I/O waiting behind its next action.  Nor does a whole pipeline with messages of that size
+show them: ``--pipelines`` runs the calibration pipeline (an MLP, two ranks, 16
+micro-batches) under GPipe and 1F1B with 16-256 KiB messages and reads its inputs'
+transits as ``phase_errors.py`` reads the grids' (where the U-Net's, sender computing,
+average 0.63-0.67 ms, 15% over 1 ms): under GPipe with the sender computing, 128 and 256
+KiB average 0.25 and 0.31 ms, 1.0% and 0.4% over 1 ms (`send_then_compute_pipelines.csv`).
+What the U-Net's pipeline adds is not the message's size or the schedule.
 
     python experiments/send_then_compute.py [--rounds 80] [--model unet --name NAME]
-                                            [--subdir gpu]
+                                            [--pipelines] [--subdir gpu]
 Writes experiments/results/send_then_compute.csv (one row per case and condition; ``NAME``
 for another ``--name``) and .json.
 """
@@ -42,6 +48,7 @@ for another ``--name``) and .json.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -177,8 +184,45 @@ def summarise(table: pd.DataFrame) -> pd.DataFrame:
                  p90=lambda x: float(np.quantile(x, 0.9)), over_1ms=over).reset_index())
 
 
+#: the calibration pipeline's (width, samples a micro-batch) for ``--pipelines``: messages
+#: of 16, 128 and 256 KiB
+PIPELINES = ((512, 8), (1024, 32), (1024, 64))
+
+
+def pipeline_transits(schedules: tuple[str, ...] = ("gpipe", "1f1b"), iterations: int = 12,
+                      pipelines: tuple[tuple[int, int], ...] = PIPELINES) -> pd.DataFrame:
+    """The calibration pipeline (:mod:`executor.calibrate`'s MLP, 6 layers 3 a stage, two
+    pinned ranks) at 16 micro-batches under each schedule and message size: its inputs'
+    transits where the receiver was ready first, by whether the sender had gone on to
+    compute (:func:`experiments.phase_errors.message_transits`, measured iterations)."""
+    from executor.calibrate import _run
+    from experiments.phase_errors import message_transits
+    from pipesim.plan import Plan
+
+    rows = []
+    for schedule in schedules:
+        for width, samples in pipelines:
+            batch = 16 * samples
+            job = functools.partial(builtin_job, "mlp", batch, width=width, depth=5,
+                                    in_features=width)
+            actions = _run(job, Plan([3, 3], 16, batch, checkpoint="never", schedule=schedule),
+                           iterations, pin_cores=True)
+            transits = pd.concat([message_transits(part) for it, part in
+                                  actions.groupby("iteration") if it > 0], ignore_index=True)
+            for computing, part in transits.groupby("sender_computing"):
+                ms = 1e3 * part.transit_s
+                rows.append({"schedule": schedule, "bytes": 4 * width * samples,
+                             "sender_computing": bool(computing), "inputs": len(ms),
+                             "median": float(ms.median()), "mean": float(ms.mean()),
+                             "over_1ms": float((ms > 1.0).mean())})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pipelines", action="store_true",
+                    help="instead: the calibration pipeline's transits under GPipe and 1F1B "
+                    "(pipeline_transits), written as NAME_pipelines")
     ap.add_argument("--rounds", type=int, default=80)
     ap.add_argument("--width", type=int, default=64,
                     help="the computing ranks' square matrices (64: small layers)")
@@ -192,6 +236,11 @@ def main() -> None:
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores: one per rank")
+    if args.pipelines:
+        table = pipeline_transits()
+        write_results(f"{args.name}_pipelines", table, machine(), args.subdir)
+        print(table.round(3).to_string(index=False))
+        return
     stage = (args.model, args.layers, args.samples) if args.model else None
     parts = []
     for nbytes, count in CASES:

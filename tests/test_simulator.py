@@ -218,7 +218,13 @@ def test_cost_biases_pool_each_stages_alone_ratio_over_runs():
 
 
 def test_phase_errors_read_an_iterations_phases_and_what_its_inputs_waited_for():
-    from experiments.phase_errors import iteration_figures, summarise, trace_figures
+    from experiments.phase_errors import (
+        iteration_figures,
+        message_transits,
+        summarise,
+        trace_figures,
+        transit_summary,
+    )
 
     ms = 1e-3
     rows = [  # (device, microbatch, kind, start, end, resource): GPipe, 2 stages, 2 micro-batches
@@ -245,6 +251,16 @@ def test_phase_errors_read_an_iterations_phases_and_what_its_inputs_waited_for()
                 # first forward, ready at its start, adds nothing)
                 "unsent_last": 0.0, "transit_last": 0.4, "after_last": 0.1}
     assert figures == pytest.approx(expected)
+    # the inputs that came after their receiver was ready, and whether their sender was
+    # computing by then (dev1 had begun B(0) at 4.7 when B(1)'s gradient came at 4.9)
+    transits = message_transits(one)
+    assert list(zip(transits.device, transits.kind, transits.microbatch,
+                    transits.sender_computing)) == [(0, "B", 1, True), (0, "B", 0, False),
+                                                    (1, "F", 1, False)]
+    assert 1e3 * transits.transit_s.to_numpy() == pytest.approx([0.3, 0.3, 0.4])
+    by = transit_summary(transits.assign(model="unet", plan="p")).set_index(
+        ["device", "sender_computing"])
+    assert by.loc[(0, False), "inputs"] == 1 and by.loc[(0, True), "median"] == pytest.approx(0.3)
     # a trace of two iterations: a measured one leaves its first (warm-up) out
     second = one.assign(start=one.start + 0.01, end=one.end + 0.01)
     slower = second.assign(end=second.end + (second.kind == "B") * 0.2 * ms)
