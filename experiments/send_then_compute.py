@@ -28,15 +28,18 @@ and 90th percentiles over rounds.
 
 Seen on this project's VM (2026-11-27, 75 rounds): whatever the receiver, the sender
 computing or sleeping after its send delivers alike -- 2 x 128 KiB to a waiting receiver
-0.16 / 0.16 ms (median, compute / sleep), to a late one 0.71 / 0.72, to a busy one 0.52 /
-0.51 (the receiver's own 0.5 ms); with the U-Net's first stage computing (``--model unet``)
-0.19 / 0.19, 0.78 / 0.78, 0.55 / 0.52.  So the grids' slow messages are not the sender's
-I/O waiting behind its next action.  Nor does a whole pipeline with messages of that size
-show them: ``--pipelines`` runs the calibration pipeline (an MLP, two ranks, 16
-micro-batches) under GPipe and 1F1B with 16-256 KiB messages and reads its inputs'
-transits as ``phase_errors.py`` reads the grids' (where the U-Net's, sender computing,
-average 0.63-0.67 ms, 15% over 1 ms): under GPipe with the sender computing, 128 and 256
-KiB average 0.25 and 0.31 ms, 1.0% and 0.4% over 1 ms (`send_then_compute_pipelines.csv`).
+0.20 / 0.19 ms (median, compute / sleep), to a late one 0.78 / 0.78 (0.18 / 0.11 after its
+post, on average), to a busy one 0.04-0.08 ms after it is done (on average); with
+``--model unet`` (each rank computing the U-Net's first stage's forwards, the busy receiver
+too: until the forward running 0.5 ms past the send ends) 0.21 / 0.21, 0.81 / 0.81, and
+0.035 / 0.026 ms after the busy receiver is done, none over 1 ms.  So the grids' slow
+messages are not the sender's I/O waiting behind its next action, nor the receiver's
+behind its own.  Nor does a whole pipeline with messages of that size show them:
+``--pipelines`` runs the calibration pipeline (an MLP, two ranks, 16 micro-batches) under
+GPipe and 1F1B with 16-256 KiB messages and reads its inputs' transits as
+``phase_errors.py`` reads the grids' (where the U-Net's, sender computing, average
+0.63-0.67 ms, 15% over 1 ms): under GPipe with the sender computing, 128 and 256 KiB
+average 0.25 and 0.31 ms, 1.0% and 0.4% over 1 ms (``send_then_compute_pipelines.csv``).
 What the U-Net's pipeline adds is not the message's size or the schedule.
 
     python experiments/send_then_compute.py [--rounds 80] [--model unet --name NAME]
@@ -114,8 +117,8 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
                             world_size=2)
     up, _down = directional_groups()  # rank 0 -> 1 over ``up``, as the executor's forwards
     a = torch.randn(width, width) / width ** 0.5
-    # (the sender's compute: small matmuls, or a grid's first stage: (model, layers, samples))
-    stage_compute = _stage_forwards(*stage) if stage is not None and rank == 0 else None
+    # (each rank's compute: small matmuls, or a grid's first stage: (model, layers, samples))
+    stage_compute = _stage_forwards(*stage) if stage is not None else None
 
     def compute(seconds: float) -> None:
         nonlocal a
@@ -124,7 +127,7 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
         else:
             a = _spin(seconds, a)
 
-    times: list[tuple[int, str, str, float]] = []
+    times: list[tuple] = []
     tag = 0
     for r in range(rounds):
         for receiver, after in CONDITIONS:
@@ -150,16 +153,18 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
                              for k, b in enumerate(bufs)]
                 dist.barrier()
                 if receiver == "busy":
-                    # computing as the message comes, until LATE_S after the send's post
-                    a = _spin(BEFORE_S + LATE_S, a)
+                    # computing as the message comes, until LATE_S after the send's post at
+                    # least (a stage's forwards: until the one running then ends)
+                    compute(BEFORE_S + LATE_S)
                 if receiver == "late":
                     # the sender posts after BEFORE_S; post ours LATE_S after that
                     time.sleep(BEFORE_S + LATE_S)
                     works = [_work(dist.irecv(b, 0, tag=tag * 8 + k, group=up))
                              for k, b in enumerate(bufs)]
+                ready = time.perf_counter()
                 for w in works:
                     w.wait()
-                times.append((r, receiver, after, time.perf_counter()))
+                times.append((r, receiver, after, time.perf_counter(), ready))
             dist.barrier()  # both done before the next condition
     dist.destroy_process_group()
     out.put({"rank": rank, "times": times})
@@ -167,21 +172,30 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
 
 def delivery_table(sender: list[tuple], receiver: list[tuple]) -> pd.DataFrame:
     """Per round and condition, the seconds from the sender's post to the receiver
-    holding the last message (``delivery_ms``), rounds before :data:`SKIPPED` left out."""
+    holding the last message (``delivery_ms``) and from the later of the post and the
+    receiver's readiness (its compute done, a late post made) to then (``wait_ms``: what
+    the grids' ``transit`` reads, :func:`experiments.phase_errors.message_transits`),
+    rounds before :data:`SKIPPED` left out.  ``sender`` holds ``(round, receiver, after,
+    post)``, ``receiver`` ``(round, receiver, after, receipt, ready)``."""
     posts = {(r, p, a): t for r, p, a, t in sender}
-    rows = [{"round": r, "receiver": p, "after": a, "delivery_ms": 1e3 * (t - posts[(r, p, a)])}
-            for r, p, a, t in receiver if (r, p, a) in posts and r >= SKIPPED]
-    return pd.DataFrame(rows)
+    rows = [{"round": r, "receiver": p, "after": a,
+             "delivery_ms": 1e3 * (t - posts[(r, p, a)]),
+             "wait_ms": 1e3 * (t - max(posts[(r, p, a)], ready))}
+            for r, p, a, t, ready in receiver if (r, p, a) in posts and r >= SKIPPED]
+    return pd.DataFrame(rows, columns=["round", "receiver", "after", "delivery_ms", "wait_ms"])
 
 
 def summarise(table: pd.DataFrame) -> pd.DataFrame:
-    """Median, mean, 90th percentile (ms) and the share over 1 ms per case and condition."""
+    """Per case and condition: the delivery's median, mean, 90th percentile (ms) and share
+    over 1 ms, and the wait after the receiver was ready: its mean and share over 1 ms."""
     def over(x: pd.Series) -> float:
         return float((x > 1.0).mean())
 
-    return (table.groupby(["bytes", "messages", "receiver", "after"]).delivery_ms
-            .agg(rounds="size", median="median", mean="mean",
-                 p90=lambda x: float(np.quantile(x, 0.9)), over_1ms=over).reset_index())
+    groups = table.groupby(["bytes", "messages", "receiver", "after"])
+    out = groups.delivery_ms.agg(rounds="size", median="median", mean="mean",
+                                 p90=lambda x: float(np.quantile(x, 0.9)), over_1ms=over)
+    waits = groups.wait_ms.agg(wait_mean="mean", wait_over_1ms=over)
+    return out.join(waits).reset_index()
 
 
 #: the calibration pipeline's (width, samples a micro-batch) for ``--pipelines``: messages

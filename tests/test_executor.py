@@ -816,16 +816,19 @@ def test_send_then_compute_times_each_message_from_its_post_to_its_receipt():
     # difference, warm-up rounds left out, a receipt without its post dropped
     sender = [(SKIPPED, "waits", "compute", 10.0), (SKIPPED, "late", "sleep", 20.0),
               (SKIPPED + 1, "waits", "compute", 30.0), (0, "waits", "compute", 1.0)]
-    receiver = [(SKIPPED, "waits", "compute", 10.0002), (SKIPPED, "late", "sleep", 20.0012),
-                (SKIPPED + 1, "waits", "compute", 30.0004), (0, "waits", "compute", 1.5),
-                (SKIPPED + 2, "waits", "sleep", 40.0)]
+    receiver = [(SKIPPED, "waits", "compute", 10.0002, 9.99),
+                (SKIPPED, "late", "sleep", 20.0012, 20.0005),  # posted 0.5 ms after the send
+                (SKIPPED + 1, "waits", "compute", 30.0004, 29.99),
+                (0, "waits", "compute", 1.5, 0.9), (SKIPPED + 2, "waits", "sleep", 40.0, 39.9)]
     table = delivery_table(sender, receiver).assign(bytes=8, messages=1)
     assert table.delivery_ms.to_numpy() == pytest.approx([0.2, 1.2, 0.4])
+    assert table.wait_ms.to_numpy() == pytest.approx([0.2, 0.7, 0.4])
     summary = summarise(table).set_index(["receiver", "after"])
     assert summary.loc[("waits", "compute"), "rounds"] == 2
     assert summary.loc[("waits", "compute"), "mean"] == pytest.approx(0.3)
     assert summary.loc[("late", "sleep"), "median"] == pytest.approx(1.2)
     assert summary.over_1ms.to_dict() == {("waits", "compute"): 0.0, ("late", "sleep"): 1.0}
+    assert summary.wait_over_1ms.to_dict() == {("waits", "compute"): 0.0, ("late", "sleep"): 0.0}
     # a real exchange between two processes: every condition of every measured round
     # delivered, after its post
     rounds = SKIPPED + 2
