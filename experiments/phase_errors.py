@@ -46,7 +46,9 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -94,6 +96,28 @@ def iteration_figures(actions: pd.DataFrame) -> dict[str, float]:
     return out
 
 
+#: the transfers that bring a forward's and a backward's inputs
+INPUT_KINDS = {"F": ("SEND_F", "SEND_S"), "B": ("SEND_B", "SEND_SB")}
+
+
+def _inputs(actions: pd.DataFrame, mine: pd.DataFrame, device: int
+            ) -> Iterator[tuple[Any, float, float, float, str]]:
+    """For each of a device's actions (``mine``, in order) but its first, whose inputs
+    come from another device: ``(action, post, receipt, ready, source)`` -- the last of
+    its inputs' post and receipt (an activation and a skip: the later), its readiness (its
+    previous action's end) and the sending device's resource name."""
+    sends = actions[actions.kind.str.startswith("SEND_")
+                    & actions.resource.str.endswith(f"->dev{device}")]
+    ready = None
+    for r in mine.itertuples():
+        inputs = sends[(sends.microbatch == r.microbatch)
+                       & sends.kind.isin(INPUT_KINDS[r.kind])]
+        if ready is not None and not inputs.empty:
+            yield (r, float(inputs.start.max()), float(inputs.end.max()), ready,
+                   str(inputs.resource.iloc[0]).split("->")[0])
+        ready = r.end
+
+
 def input_waits(actions: pd.DataFrame, mine: pd.DataFrame, device: int) -> dict[str, float]:
     """What a device's actions waited for their inputs from other devices, summed over
     its actions (seconds): ``unsent`` (ready before the input was posted), ``transit``
@@ -101,49 +125,34 @@ def input_waits(actions: pd.DataFrame, mine: pd.DataFrame, device: int) -> dict[
     receipt to the action's start).  Ready: its previous action's end (the first action
     of the iteration: ready at its start, so it adds nothing).  An action with several
     inputs (an activation and a skip) waits for the last of them."""
-    sends = actions[actions.kind.str.startswith("SEND_")
-                    & actions.resource.str.endswith(f"->dev{device}")]
-    kinds = {"F": ("SEND_F", "SEND_S"), "B": ("SEND_B", "SEND_SB")}
     out = {"unsent": 0.0, "transit": 0.0, "after": 0.0}
-    ready = None
-    for r in mine.itertuples():
-        inputs = sends[(sends.microbatch == r.microbatch) & sends.kind.isin(kinds[r.kind])]
-        if ready is not None and not inputs.empty:
-            post, receipt = float(inputs.start.max()), float(inputs.end.max())
-            out["unsent"] += max(0.0, post - ready)
-            out["transit"] += max(0.0, receipt - max(post, ready))
-            out["after"] += max(0.0, r.start - max(receipt, ready))
-        ready = r.end
+    for r, post, receipt, ready, _source in _inputs(actions, mine, device):
+        out["unsent"] += max(0.0, post - ready)
+        out["transit"] += max(0.0, receipt - max(post, ready))
+        out["after"] += max(0.0, r.start - max(receipt, ready))
     return out
 
 
 def message_transits(actions: pd.DataFrame) -> pd.DataFrame:
-    """Each step's inputs from another device in one iteration's measured actions, as
-    :func:`input_waits` reads them, where the receiver was ready before the receipt: the
-    transit (seconds, from the later of the post and its readiness to the receipt) and
-    whether the sender had started its next compute action before the receipt
-    (``sender_computing``: GPipe's senders go straight on to their next forward or
-    backward).  One row per receiving action: ``device``, ``kind``, ``microbatch``,
-    ``transit_s``, ``sender_computing``."""
+    """The inputs of one iteration's measured actions (:func:`input_waits`' reading) that
+    came after their receiver was ready: the transit (seconds, from the later of the post
+    and the readiness to the receipt) and whether the sender had started its next compute
+    action before the receipt (``sender_computing``: GPipe's senders go straight on to
+    their next forward or backward).  One row per receiving action: ``device``, ``kind``,
+    ``microbatch``, ``transit_s``, ``sender_computing``."""
     compute = actions[actions.kind.isin(["F", "B"])]
-    kinds = {"F": ("SEND_F", "SEND_S"), "B": ("SEND_B", "SEND_SB")}
     rows = []
     for device, mine in compute.groupby("device"):
-        sends = actions[actions.kind.str.startswith("SEND_")
-                        & actions.resource.str.endswith(f"->dev{device}")]
-        ready = None
-        for r in mine.sort_values("start").itertuples():
-            inputs = sends[(sends.microbatch == r.microbatch) & sends.kind.isin(kinds[r.kind])]
-            if ready is not None and not inputs.empty:
-                post, receipt = float(inputs.start.max()), float(inputs.end.max())
-                if receipt > ready:
-                    src = int(inputs.resource.iloc[0].split("->")[0].removeprefix("dev"))
-                    theirs = compute[(compute.device == src) & (compute.start >= post)]
-                    rows.append({"device": device, "kind": r.kind, "microbatch": r.microbatch,
-                                 "transit_s": receipt - max(post, ready),
-                                 "sender_computing": bool(not theirs.empty
-                                                          and theirs.start.min() < receipt)})
-            ready = r.end
+        for r, post, receipt, ready, source in _inputs(actions, mine.sort_values("start"),
+                                                       int(device)):
+            if receipt <= ready:
+                continue
+            theirs = compute[(compute.device == int(source.removeprefix("dev")))
+                             & (compute.start >= post)]
+            rows.append({"device": device, "kind": r.kind, "microbatch": r.microbatch,
+                         "transit_s": receipt - max(post, ready),
+                         "sender_computing": bool(not theirs.empty
+                                                  and theirs.start.min() < receipt)})
     return pd.DataFrame(rows, columns=["device", "kind", "microbatch", "transit_s",
                                        "sender_computing"])
 
@@ -202,13 +211,13 @@ def main() -> None:
                     help="MODEL:LABEL;... (labels as the grids write them)")
     ap.add_argument("--tag", default="cpu")
     args = ap.parse_args()
-    plans = {tuple(p.split(":", 1)) for p in args.plans.split(";")}
+    plans = {(model, label) for model, label in (p.split(":", 1) for p in args.plans.split(";"))}
     rows: list[dict] = []
     transits: list[pd.DataFrame] = []
     with tempfile.TemporaryDirectory() as tmp:
         for folder in committed_runs(args.git, Path(tmp), args.tag, also=(ACTIONS,)):
             if (folder / ACTIONS.format(tag=args.tag)).exists():
-                got, seen = run_rows(folder, plans, args.tag)  # type: ignore[arg-type]
+                got, seen = run_rows(folder, plans, args.tag)
                 rows += got
                 transits += seen
     table = pd.DataFrame(rows)
