@@ -45,7 +45,8 @@ What the U-Net's pipeline adds is not the message's size or the schedule.
     python experiments/send_then_compute.py [--rounds 80] [--model unet --name NAME]
                                             [--pipelines] [--subdir gpu]
 Writes experiments/results/send_then_compute.csv (one row per case and condition; ``NAME``
-for another ``--name``) and .json.
+for another ``--name``; ``NAME_pipelines`` with ``--pipelines``: one row per schedule,
+message size and whether the sender computed) and .json.
 """
 
 from __future__ import annotations
