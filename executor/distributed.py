@@ -146,7 +146,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
              device: torch.device | str = "cpu", iterations: int = 5, warmup: int = 2,
              timeout_s: float = 120.0, fail_at: str | None = None,
              return_grads: bool = False, track_memory: bool = True,
-             tags: bool | None = None, groups: tuple[Any, Any] = (None, None)) -> RankResult:
+             tags: bool | None = None, groups: tuple[Any, Any] = (None, None),
+             prefetch_after_inputs: bool = True) -> RankResult:
     """Run this rank's part of ``schedule`` (process group already initialised).
 
     Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
@@ -186,7 +187,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             recorder.origin_event = torch.cuda.Event(enable_timing=True)
             recorder.origin_event.record()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
-                             fail_at=fail_at, skips=skips)
+                             fail_at=fail_at, skips=skips,
+                             prefetch_after_inputs=prefetch_after_inputs)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         runner.run(schedule.order[rank], xs, ys)
@@ -225,7 +227,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         dist.barrier()
         t0 = time.perf_counter()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport,
-                             Recorder(rank, device, origin=t0), skips=skips)
+                             Recorder(rank, device, origin=t0), skips=skips,
+                             prefetch_after_inputs=prefetch_after_inputs)
         if device.type == "cuda":
             runner.recorder.origin_event = torch.cuda.Event(enable_timing=True)
             runner.recorder.origin_event.record()
@@ -325,7 +328,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               fail_at=options.get("fail_at", {}).get(rank),
                               return_grads=options.get("return_grads", False),
                               track_memory=options.get("track_memory", True),
-                              tags=options.get("tags"), groups=groups)
+                              tags=options.get("tags"), groups=groups,
+                              prefetch_after_inputs=options.get("prefetch_after_inputs", True))
             result.reference_s = reference
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
@@ -376,7 +380,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 pin_cores: bool = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
                 track_memory: bool = True, tags: bool = True, directional: bool = True,
-                reference: bool = False) -> list[tuple[RunResult, dict[int, RankResult]]]:
+                reference: bool = False, prefetch_after_inputs: bool = True
+                ) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
     Starting processes and the process group costs seconds, so grids share them.  Each
@@ -387,6 +392,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     per plan (a short plan measured over more iterations: the same seconds of the run).
     ``directional`` sends messages up and down over groups of their own
     (:func:`directional_groups`; ``False``: every message over the default group).
+    ``prefetch_after_inputs`` posts the receives of a rank's next action once its current
+    action's inputs are in (``False``: before waiting for them; see
+    :meth:`executor.stage.StageRunner._inputs_in`).
     ``reference`` reads the machine's speed before each plan, every rank in turn timing
     the whole model's forward on :data:`REFERENCE_SAMPLES` samples
     (:func:`executor.timing.speed_reference`): ``meta["reference_s"]``, the ranks' mean.
@@ -404,7 +412,7 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     options = {"iterations": counts, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
                "track_memory": track_memory, "tags": tags, "directional_groups": directional,
-               "reference": reference}
+               "reference": reference, "prefetch_after_inputs": prefetch_after_inputs}
     if pin_cores:
         options["cores"] = rank_cores(world)
     ctx = mp.get_context("spawn")

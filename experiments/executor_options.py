@@ -16,6 +16,11 @@ iterations whose median message took over 1 ms).  Options (``--option``):
 * ``directional``: messages up and down over a process group each
   (:func:`executor.distributed.directional_groups`) against one group for both, ranks
   pinned.  Figures in ``pipesim/MODEL.md`` ("Messages that cross").
+* ``prefetch_after_inputs``: a rank posts its next action's receives once its current
+  action's inputs are in (:meth:`executor.stage.StageRunner._inputs_in`, the default since
+  2026-11-27) against before waiting for them, ranks pinned.  Also per plan: the inputs
+  that came after their receiver was ready with their sender computing, their mean transit
+  (``transit_ms``) and the share over 1 ms.
 
     python experiments/executor_options.py [--option pin_cores] [--rounds 2] [--iterations 8]
 Writes experiments/results/OPTION.csv (``pinning.csv`` for pin_cores; one row per plan,
@@ -36,6 +41,7 @@ import pandas as pd
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from experiments.common import machine, write_results
+from experiments.phase_errors import message_transits
 from experiments.validate import BATCH, MODELS
 from pipesim.plan import Plan
 
@@ -47,7 +53,9 @@ PLANS = {"unet": [("1f1b", [8, 5], 16), ("1f1b", [8, 5], 4), ("gpipe", [8, 5], 1
 
 #: per option: its spawn_plans keyword, the results' name, the options always set
 OPTIONS = {"pin_cores": ("pin_cores", "pinning", {}),
-           "directional": ("directional", "directional", {"pin_cores": True})}
+           "directional": ("directional", "directional", {"pin_cores": True}),
+           "prefetch_after_inputs": ("prefetch_after_inputs", "prefetch_after_inputs",
+                                     {"pin_cores": True})}
 
 
 def _row(model: str, plan: Plan, actions: pd.DataFrame, option: str, on: bool,
@@ -56,11 +64,18 @@ def _row(model: str, plan: Plan, actions: pd.DataFrame, option: str, on: bool,
     iteration = steps.apply(lambda g: g.end.max() - g.start.min())
     sends = actions[actions.kind.str.startswith("SEND")]
     per_step = (sends.end - sends.start).groupby(sends.iteration).median()
+    # the inputs that came after their receiver was ready, their sender computing by then
+    # (experiments/phase_errors.py): the stalls of receives posted as a message streams in
+    transits = pd.concat([message_transits(part) for it, part in steps if it > 0],
+                         ignore_index=True)
+    busy = transits[transits.sender_computing].transit_s
     return {"model": model, "plan": plan.label(), option: on, "round": rnd,
             "iteration_ms": 1e3 * float(iteration.median()),
             "spread": float(iteration.quantile(0.9) / iteration.quantile(0.1)),
             "message_ms": 1e3 * float((sends.end - sends.start).median()),
-            "slow_message_steps": float((per_step > 1e-3).mean())}
+            "slow_message_steps": float((per_step > 1e-3).mean()),
+            "transit_ms": 1e3 * float(busy.mean()) if len(busy) else 0.0,
+            "transits_over_1ms": float((busy > 1e-3).mean()) if len(busy) else 0.0}
 
 
 def main() -> None:
@@ -87,7 +102,8 @@ def main() -> None:
                                             "rounds": args.rounds,
                                             "iterations": args.iterations})
     summary = (table.groupby(["model", "plan", keyword])
-               [["iteration_ms", "spread", "message_ms", "slow_message_steps"]].median())
+               [["iteration_ms", "spread", "message_ms", "slow_message_steps", "transit_ms",
+                 "transits_over_1ms"]].median())
     with pd.option_context("display.width", 160):
         print(summary.round(3).to_string())
 

@@ -75,9 +75,10 @@ from experiments.common import machine, write_results
 #: (bytes per message, messages per round): the CPU grid's GPT (32 KiB) and U-Net (128 KiB
 #: and up, two a step: its output and a skip) messages at 8-16 micro-batches
 CASES = ((32 << 10, 2), (128 << 10, 1), (128 << 10, 2), (512 << 10, 2))
-#: (the receiver: posted ahead and waiting, posting late, or posted ahead and computing
-#: past the send; what the sender does after sending), alternated within each round
-CONDITIONS = tuple((receiver, after) for receiver in ("waits", "late", "busy")
+#: (the receiver: posted ahead and waiting, posting late, posted ahead and computing past
+#: the send, or posted ahead and posting its next message's receives as the send comes;
+#: what the sender does after sending), alternated within each round
+CONDITIONS = tuple((receiver, after) for receiver in ("waits", "late", "busy", "next")
                    for after in ("compute", "sleep"))
 SKIPPED = 5  # first rounds: connections being set up
 BEFORE_S, AFTER_S, LATE_S = 1e-3, 2e-3, 0.5e-3
@@ -146,6 +147,10 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
                     time.sleep(AFTER_S)
                 for w in works:
                     w.wait()
+                if receiver == "next":  # the messages whose receives rank 1 posted meanwhile
+                    for w in [_work(dist.isend(s, 1, tag=tag * 8 + 4 + k, group=up))
+                              for k, s in enumerate(sent)]:
+                        w.wait()
                 times.append((r, receiver, after, t_post))
             else:
                 bufs = [torch.empty(nbytes // 4) for _ in range(count)]
@@ -162,10 +167,19 @@ def _exchange(rank: int, port: int, nbytes: int, count: int, rounds: int, width:
                     time.sleep(BEFORE_S + LATE_S)
                     works = [_work(dist.irecv(b, 0, tag=tag * 8 + k, group=up))
                              for k, b in enumerate(bufs)]
+                later = []
+                if receiver == "next":
+                    # as the executor does before it waits: the next action's receives,
+                    # posted here as the sender posts its send
+                    a = _spin(BEFORE_S, a)
+                    later = [_work(dist.irecv(torch.empty(nbytes // 4), 0, tag=tag * 8 + 4 + k,
+                                              group=up)) for k in range(count)]
                 ready = time.perf_counter()
                 for w in works:
                     w.wait()
                 times.append((r, receiver, after, time.perf_counter(), ready))
+                for w in later:
+                    w.wait()
             dist.barrier()  # both done before the next condition
     dist.destroy_process_group()
     out.put({"rank": rank, "times": times})

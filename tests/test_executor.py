@@ -800,6 +800,44 @@ def test_stage_order_alone_times_a_stage_in_each_schedules_order():
                                ("gpipe", "F", "F"): 3 * runs}
 
 
+@pytest.mark.parametrize("after_inputs", [True, False])
+def test_a_stage_posts_its_next_receives_once_its_current_inputs_are_in(after_inputs):
+    """Posting a receive while a message streams in on the same gloo connection stalls
+    it (experiments/send_then_compute.py, ``next``): a stage waits for its action's inputs
+    before it posts the next action's receives, then computes."""
+    from executor.pipeline import stage_skips
+    from executor.recorder import Recorder
+    from executor.stage import StageRunner
+    from executor.stage_alone import SynthTransport, message_shapes
+
+    class Logged(SynthTransport):
+        def prefetch(self, stage, kind, mb, src_stage=None):
+            log.append(("post", kind, mb))
+            super().prefetch(stage, kind, mb, src_stage)
+
+        def recv(self, stage, kind, mb, src_stage=None):
+            log.append(("recv", kind, mb))
+            return super().recv(stage, kind, mb, src_stage)
+
+    log: list[tuple[str, str, int]] = []
+    module, loss_fn, x, _ = builtin_job("mlp", 4, width=8, depth=5, in_features=8)
+    plan = Plan([2, 2, 2], 2, 4, checkpoint="never", schedule="gpipe")
+    schedule = build_schedule(plan)
+    part = split_module(module, plan.balance)[1]
+    runner = StageRunner(0, {1: part}, plan, loss_fn, torch.device("cpu"),
+                         Logged(message_shapes(module, plan, x), torch.device("cpu")),
+                         Recorder(0, torch.device("cpu")), skips=stage_skips(module, plan),
+                         prefetch_after_inputs=after_inputs)
+    runner.run(tuple(a for a in schedule.order[1] if a.stage == 1), None, None)
+    # the middle stage's GPipe order: F0 F1 B1 B0
+    if after_inputs:
+        assert log == [("recv", "F", 0), ("post", "F", 1), ("recv", "F", 1), ("post", "B", 1),
+                       ("recv", "B", 1), ("post", "B", 0), ("recv", "B", 0)]
+    else:  # before waiting for them, as until 2026-11-27
+        assert log == [("post", "F", 1), ("recv", "F", 0), ("post", "B", 1), ("recv", "F", 1),
+                       ("post", "B", 0), ("recv", "B", 1), ("recv", "B", 0)]
+
+
 def test_send_then_compute_times_each_message_from_its_post_to_its_receipt():
     from executor.calibrate import _gather
     from executor.distributed import _free_port
