@@ -15,15 +15,19 @@ rank 1, the receiver:
   action before runs), waiting;
 * ``late``: posts them 0.5 ms after the send (gloo then writes the bytes from the
   sender's I/O thread, which shares the sender's core with its compute);
-* ``busy``: posted before, computing until 0.5 ms after the send, then waiting::
+* ``busy``: posted before, computing until 0.5 ms after the send, then waiting;
+* ``next``: posted before, and posting the receives of its next messages (sent after the
+  round) as the send comes, then waiting -- what the executor did until 2026-11-27 at the
+  start of every action (its next action's receives, then its own input's wait)::
 
     rank 0   |compute 1 ms| isend x count |compute 2 ms ......|      (or sleep 2 ms)
     rank 1   waits:  posted ....... wait ....^ received
              late:   ............ post, wait ....^ received
              busy:   posted |compute .......| wait ..^ received
+             next:   posted ....... post next, wait ....^ received
 
 The delivery is timed from the send's post to the last receive's return (both ranks read
-one monotonic clock).  The six conditions alternate within each round; medians, means
+one monotonic clock).  The eight conditions alternate within each round; medians, means
 and 90th percentiles over rounds.
 
 Seen on this project's VM (2026-11-27, 75 rounds): whatever the receiver, the sender
@@ -34,13 +38,20 @@ post, on average), to a busy one 0.04-0.08 ms after it is done (on average); wit
 too: until the forward running 0.5 ms past the send ends) 0.21 / 0.21, 0.81 / 0.81, and
 0.035 / 0.026 ms after the busy receiver is done, none over 1 ms.  So the grids' slow
 messages are not the sender's I/O waiting behind its next action, nor the receiver's
-behind its own.  Nor does a whole pipeline with messages of that size show them:
-``--pipelines`` runs the calibration pipeline (an MLP, two ranks, 16 micro-batches) under
-GPipe and 1F1B with 16-256 KiB messages and reads its inputs' transits as
-``phase_errors.py`` reads the grids' (where the U-Net's, sender computing, average
-0.63-0.67 ms, 15% over 1 ms): under GPipe with the sender computing, 128 and 256 KiB
-average 0.25 and 0.31 ms, 1.0% and 0.4% over 1 ms (``send_then_compute_pipelines.csv``).
-What the U-Net's pipeline adds is not the message's size or the schedule.
+behind its own.  **But a receiver that posts its next receives as a message comes stalls
+it**: 2 x 128 KiB 0.24 / 0.25 ms at the median but 1.24 / 1.33 on average, 31-32% over 1
+ms, 4.1-4.2 ms at the 90th percentile; 2 x 32 KiB 25-43% over 1 ms; 2 x 512 KiB 2.6-2.9 ms
+at the median (``next``, against ``waits``' 0.2 ms and 0-9%; the run with ``--model unet``
+predates that condition).  The executor now posts a stage's next receives once its
+action's inputs are in (:meth:`executor.stage.StageRunner._inputs_in`).
+``--pipelines`` runs the calibration pipeline (an MLP, two ranks, 16 micro-batches; this
+was run before that change) under GPipe and 1F1B with 16-256 KiB messages and reads its
+inputs' transits as ``phase_errors.py`` reads the grids' (where the U-Net's, sender
+computing, average 0.63-0.67 ms, 15% over 1 ms): under GPipe with the sender computing, 128
+and 256 KiB average 0.25 and 0.31 ms, 1.0% and 0.4% over 1 ms
+(``send_then_compute_pipelines.csv``): its stages rarely post a receive while a message
+streams in, where the U-Net's last stage, keeping pace with its first, did at nearly
+every forward.
 
     python experiments/send_then_compute.py [--rounds 80] [--model unet --name NAME]
                                             [--pipelines] [--subdir gpu]
