@@ -25,8 +25,8 @@
 # afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16 with
 # each plan timed longer -- since 2026-11-27 its ranks post their next receives once an
 # action's inputs are in (executor.stage.StageRunner._inputs_in), so its GPipe plans'
-# messages no longer stall behind those posts; compare with the 11-26/11-27 cpu16 grids
-# through `python experiments/phase_errors.py`'s transits -- then threads with tests):
+# messages no longer stall behind those posts; compare with the 11-26/11-27 cpu16 grids'
+# saved actions by experiments.phase_errors.message_transits -- then threads with tests):
 #   CPU16_STAGES=4 cpu16 --models mlp --tag mlp --passes 1 --tie-break 0 --lean
 #           --min-seconds 1 alone in one call under `timeout 560` (2026-11-27 at the
 #           default 0.25 s a plan: 386 s, 48 of them the grid, and a noise floor of 8.1%
