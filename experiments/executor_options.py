@@ -67,7 +67,8 @@ def _row(model: str, plan: Plan, actions: pd.DataFrame, option: str, on: bool,
     per_step = (sends.end - sends.start).groupby(sends.iteration).median()
     # the inputs that came after their receiver was ready, their sender computing by then
     # (experiments/phase_errors.py): the stalls of receives posted as a message streams in
-    transits = pd.concat([message_transits(part) for it, part in steps if it > 0],
+    transits = pd.concat([message_transits(actions.iloc[:0])]
+                         + [message_transits(part) for it, part in steps if it > 0],
                          ignore_index=True)
     busy = transits[transits.sender_computing].transit_s
     return {"model": model, "plan": plan.label(), option: on, "round": rnd,
