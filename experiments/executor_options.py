@@ -67,10 +67,9 @@ def _row(model: str, plan: Plan, actions: pd.DataFrame, option: str, on: bool,
     per_step = (sends.end - sends.start).groupby(sends.iteration).median()
     # the inputs that came after their receiver was ready, their sender computing by then
     # (experiments/phase_errors.py): the stalls of receives posted as a message streams in
-    transits = pd.concat([message_transits(actions.iloc[:0])]
-                         + [message_transits(part) for it, part in steps if it > 0],
-                         ignore_index=True)
-    busy = transits[transits.sender_computing].transit_s
+    parts = [t for it, part in steps if it > 0 and len(t := message_transits(part))]
+    busy = (pd.concat(parts, ignore_index=True).query("sender_computing").transit_s
+            if parts else pd.Series(dtype=float))
     return {"model": model, "plan": plan.label(), option: on, "round": rnd,
             "iteration_ms": 1e3 * float(iteration.median()),
             "spread": float(iteration.quantile(0.9) / iteration.quantile(0.1)),
