@@ -399,8 +399,10 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                    host_contention=host_contention(n_devices, threads_per_rank,
                                                    pin_cores=pin_cores), host_cores=slots,
                    # the gloo transport (executor.transport): sends kept, receives posted
-                   # ahead, and a send written from the sender's own thread
-                   sender_keeps_sends=True, receives_ahead=True, blocking_sends=True,
+                   # ahead (once the action before has its inputs: StageRunner), and a
+                   # send written from the sender's own thread
+                   sender_keeps_sends=True, receives_ahead=True, receives_after_inputs=True,
+                   blocking_sends=True,
                    name=name)
 
 

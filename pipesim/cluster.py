@@ -294,6 +294,17 @@ class Cluster:
     #: action before it, so the receive buffer exists from then, not from the bytes'
     #: arrival: pipesim's gloo transport (executor.transport.DistTransport.prefetch)
     receives_ahead: bool = False
+    #: with ``receives_ahead``: a worker posts them once the action before has its own
+    #: inputs (as its compute starts), where that action is a forward or a whole backward;
+    #: after a split backward's parts, as it reaches them.  The executor's order since
+    #: 2026-11-27 (``StageRunner._inputs_in``: a receive posted while a message streams in
+    #: on a gloo connection stalls that message); False: as it reaches the action before
+    #: (``prefetch_after_inputs=False``, and runs recorded before)::
+    #:
+    #:     worker  |wait F1 in|== F1 ==|wait F2 in|== F2 ==|
+    #:     False   ^ F2's buffer held from here
+    #:     True               ^ from here
+    receives_after_inputs: bool = False
     #: a send occupies its sender until its bytes are written: gloo over TCP writes a
     #: message whose receive is posted from the calling thread (``dist.isend`` returns
     #: after 1 MiB in 0.5 ms, 4 MiB in 1.7 ms on this project's VM), so the worker starts
@@ -517,8 +528,8 @@ class Cluster:
         return cls([Device(f"cpu{i}", memory_bytes=memory_bytes, host="localhost")
                     for i in range(n)],
                    link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
-                   sender_keeps_sends=True, receives_ahead=True, blocking_sends=True,
-                   name="cpu_processes")
+                   sender_keeps_sends=True, receives_ahead=True, receives_after_inputs=True,
+                   blocking_sends=True, name="cpu_processes")
 
     @classmethod
     def cpu_threads(cls, n: int, cores: int = 0, memory_bytes: float = math.inf) -> Cluster:
@@ -591,6 +602,7 @@ class Cluster:
                        device_speedup=tuple(d.get("device_speedup", ())),
                        sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),
                        receives_ahead=bool(d.get("receives_ahead", False)),
+                       receives_after_inputs=bool(d.get("receives_after_inputs", False)),
                        blocking_sends=bool(d.get("blocking_sends", False)),
                        issue_ahead=bool(d.get("issue_ahead", False)),
                        thread_pairs=bool(d.get("thread_pairs", False)),

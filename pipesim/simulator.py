@@ -135,6 +135,7 @@ from pipesim.profile import PAIR_KINDS, Profile
 from pipesim.schedule import (
     BACKWARD,
     FORWARD,
+    INPUT_GRAD,
     WEIGHT_GRAD,
     Schedule,
     build_schedule,
@@ -323,6 +324,10 @@ class _Run:
         wakeup_after = sim.cluster.wakeup_after if sim.cluster.wakeup_curve else None
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
+        # (posted once the action before has its inputs, unless that is part of a split
+        # backward: Cluster.receives_after_inputs)
+        late = {(st.stage, mb) for mb, st in sim.programs[w] if st.kind == INPUT_GRAD} \
+            if ahead and sim.cluster.receives_after_inputs else None
         # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
         issue_ahead = sim.cluster.issue_ahead and sim.cluster.devices[w].on_accelerator
         issued = [0.0]  # when the action's host-side work (engine, interpreter) was done
@@ -337,13 +342,16 @@ class _Run:
             return event
 
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
+        posted = 0.0  # when it posted the receives of the step after the one it is at
         idled = -1.0  # when the worker's last compute action ended (-1: none yet)
         host_free = 0.0  # when its host went on from its last action (issue_ahead)
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
-                # its receive was posted as the worker moved to the step before this one
-                deltas.append((device, previous, step.recv_bytes, RECEIVED))
+                # its receive was posted as the worker moved to the step before this one,
+                # or as that one started (Cluster.receives_after_inputs)
+                deltas.append((device, previous if late is None else posted, step.recv_bytes,
+                               RECEIVED))
             blocked = False  # whether the worker reached the step before its input
             arrived = 0.0  # when the last of its inputs that were there arrived
             for base in step.waits:
@@ -381,6 +389,9 @@ class _Run:
                 req = resource.request()
                 yield req
             start = env.now
+            if late is not None:
+                posted = (start if step.kind in (FORWARD, BACKWARD)
+                          and (step.stage, mb) not in late else reached)
             if track:
                 for category, nbytes in step.alloc_start:
                     deltas.append((device, start, nbytes, category))

@@ -987,7 +987,9 @@ def memory_scenarios(draw):
         link = (Link(0.0, 1e30) if kind == "near_free"
                 else Link(draw(st.floats(0, 0.5)), draw(st.floats(100.0, 1e5))))
         cluster = Cluster([Device(f"d{i}") for i in range(n_dev)], link=link,
-                          sender_keeps_sends=draw(st.booleans()))
+                          sender_keeps_sends=draw(st.booleans()),
+                          receives_ahead=draw(st.booleans()),
+                          receives_after_inputs=draw(st.booleans()))
     return prof, plan, cluster
 
 
@@ -1062,7 +1064,8 @@ def test_skip_memory_balances_on_every_link(keeps, schedule, ckpt):
 
 def test_receives_posted_ahead_hold_their_buffer_from_the_step_before():
     """pipesim's gloo transport posts a receive as the worker moves to the action before
-    the one that needs it: the buffer is held from then (Cluster.receives_ahead)."""
+    the one that needs it, or once that action's own inputs are in: the buffer is held
+    from then (Cluster.receives_ahead, receives_after_inputs)."""
     prof = uniform_profile(2, fwd_s=1.0, bwd_s=2.0, act_bytes=100, saved_bytes=300,
                            param_bytes=0)
     plan = Plan([1, 1], 4, 4, checkpoint="never")
@@ -1077,10 +1080,30 @@ def test_receives_posted_ahead_hold_their_buffer_from_the_step_before():
     # device 1 reaches F(1,0) at 0 and posts F(1,1)'s receive (F(1,0)'s own at 0 too)
     assert level(base, "dev1", 0.5) == 0
     assert level(ahead, "dev1", 0.5) == 200
-    for cluster in (base, ahead):  # everything allocated is freed by the step's end
+    # the executor's order: F(1,1)'s receive once F(1,0)'s input is in, at 1 as it starts
+    after = dataclasses.replace(ahead, receives_after_inputs=True)
+    assert level(after, "dev1", 0.5) == 100
+    assert level(after, "dev1", 1.0) == level(ahead, "dev1", 1.0)
+    assert Cluster.from_dict(after.to_dict()).receives_after_inputs
+    for cluster in (base, ahead, after):  # everything allocated is freed by the step's end
         mem = simulate(prof, plan, cluster).memory
         assert (mem.bytes >= 0).all()
         assert mem.groupby("device").bytes.last().eq(0).all()
+
+
+@pytest.mark.parametrize("schedule,balance,v", [("zb-h1", [1, 1], 1), ("zbv", [1, 1], 2),
+                                                 ("interleaved", [1, 1], 2)])
+def test_receives_posted_after_inputs_balance_with_split_backwards(schedule, balance, v):
+    """Split backwards post their next receives as they are reached, the rest once their
+    inputs are in: either way every buffer posted is freed by the step's end."""
+    prof = uniform_profile(2 * v, fwd_s=1.0, bwd_s=2.0, act_bytes=100, saved_bytes=300,
+                           param_bytes=0)
+    plan = Plan([1] * (2 * v), 4, 4, checkpoint="never", schedule=schedule, virtual_stages=v)
+    for after in (False, True):
+        cluster = Cluster([Device("d0"), Device("d1")], link=Link(0.1, 1e4),
+                          sender_keeps_sends=True, receives_ahead=True,
+                          receives_after_inputs=after)
+        _assert_memory_balances(prof, plan, cluster, abs_tol=1e-6)
 
 
 def test_more_busy_workers_than_cores_share_them():
