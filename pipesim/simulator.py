@@ -324,9 +324,9 @@ class _Run:
         wakeup_after = sim.cluster.wakeup_after if sim.cluster.wakeup_curve else None
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
-        # (posted once the action before has its inputs, unless that is part of a split
-        # backward: Cluster.receives_after_inputs)
-        late = {(st.stage, mb) for mb, st in sim.programs[w] if st.kind == INPUT_GRAD} \
+        # (posted once the action before has its inputs, unless that action belongs to a
+        # micro-batch whose backward it splits: Cluster.receives_after_inputs)
+        split = {(st.stage, mb) for mb, st in sim.programs[w] if st.kind == INPUT_GRAD} \
             if ahead and sim.cluster.receives_after_inputs else None
         # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
         issue_ahead = sim.cluster.issue_ahead and sim.cluster.devices[w].on_accelerator
@@ -350,7 +350,7 @@ class _Run:
             if ahead and step.recv_bytes:
                 # its receive was posted as the worker moved to the step before this one,
                 # or as that one started (Cluster.receives_after_inputs)
-                deltas.append((device, previous if late is None else posted, step.recv_bytes,
+                deltas.append((device, previous if split is None else posted, step.recv_bytes,
                                RECEIVED))
             blocked = False  # whether the worker reached the step before its input
             arrived = 0.0  # when the last of its inputs that were there arrived
@@ -389,9 +389,9 @@ class _Run:
                 req = resource.request()
                 yield req
             start = env.now
-            if late is not None:
+            if split is not None:
                 posted = (start if step.kind in (FORWARD, BACKWARD)
-                          and (step.stage, mb) not in late else reached)
+                          and (step.stage, mb) not in split else reached)
             if track:
                 for category, nbytes in step.alloc_start:
                     deltas.append((device, start, nbytes, category))
