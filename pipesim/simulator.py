@@ -135,7 +135,6 @@ from pipesim.profile import PAIR_KINDS, Profile
 from pipesim.schedule import (
     BACKWARD,
     FORWARD,
-    INPUT_GRAD,
     WEIGHT_GRAD,
     Schedule,
     build_schedule,
@@ -325,9 +324,8 @@ class _Run:
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
         # (posted once the action before has its inputs, unless that action belongs to a
-        # micro-batch whose backward it splits: Cluster.receives_after_inputs)
-        split = {(st.stage, mb) for mb, st in sim.programs[w] if st.kind == INPUT_GRAD} \
-            if ahead and sim.cluster.receives_after_inputs else None
+        # micro-batch whose backward is split: Cluster.receives_after_inputs)
+        split = sim.steps.split if ahead and sim.cluster.receives_after_inputs else None
         # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
         issue_ahead = sim.cluster.issue_ahead and sim.cluster.devices[w].on_accelerator
         issued = [0.0]  # when the action's host-side work (engine, interpreter) was done
