@@ -532,6 +532,8 @@ CPU16_GRIDS = (
     (LATEST_GPU, "cpu_8stages", "cpu16_8ranks_latest"),  # the same, its quick 8-rank grid
     # 2026-11-27, mlp with idle costs measured on every rank at once
     (LATEST_GPU / "h200-2026-11-27", "cpu_4stages_mlp", "cpu16_4ranks_1127"),
+    # 2026-11-27 evening, the same with receives posted once inputs are in, 1 s a plan
+    (LATEST_GPU / "h200-2026-11-27-evening", "cpu_4stages_mlp", "cpu16_4ranks_1127e"),
 )
 
 

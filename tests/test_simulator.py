@@ -2107,6 +2107,12 @@ def test_the_committed_16_core_grids_are_repredicted_beside_the_recorded_ones():
     assert later["as_run"].to_numpy() == pytest.approx(saved.predicted_ms.to_numpy())
     without_idle = (later["today"] / saved.predicted_ms_no_idle_costs - 1).abs()
     assert without_idle.gt(0.02).mean() > 0.5
+    # the evening's grid (receives posted once inputs are in) comes back as it ran
+    evening = rows[rows.source == "cpu16_4ranks_1127e"]
+    saved = pd.read_csv(LATEST_GPU / "h200-2026-11-27-evening" / "validation_cpu_4stages_mlp.csv")
+    assert len(evening[evening.variant == "as_run"]) == len(saved) == 60
+    assert sorted(evening[evening.variant == "as_run"].predicted_ms) == pytest.approx(
+        sorted(saved.predicted_ms))
 
 
 def test_action_costs_reads_a_runs_actions_against_their_predicted_seconds_alone():
