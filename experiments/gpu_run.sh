@@ -20,7 +20,10 @@
 # On the lent machine (10 minutes a call, 15 of device time a session, a start included;
 # each command under `timeout`), one grid a session, in this order (2026-11-26: the H200
 # fp32 grid is done, results/gpu/h200-2026-11-26-grid/; 2026-11-27: switch, console and the
-# 4-rank mlp grid with idle costs are done, results/gpu/h200-2026-11-27/; next,
+# 4-rank mlp grid with idle costs are done, results/gpu/h200-2026-11-27/; that evening the
+# same grid with the receives posted once inputs are in and --min-seconds 1, 435 s,
+# results/gpu/h200-2026-11-27-evening/: a gpt call after it got only 326 s of the
+# session's 15 minutes and wrote nothing -- a second call needs some 400 s left; next,
 # gpu --models gpt into a folder of its own (its profiles time the pairs), re-predicted
 # afterwards by `python experiments/repredict_evidence.py --grid FOLDER`; then cpu16 with
 # each plan timed longer -- since 2026-11-27 its ranks post their next receives once an
