@@ -416,9 +416,7 @@ class Profile:
             ckpt_bwd = max(ckpt_bwd, -min(saving[1], MAX_CHECKPOINT_SAVING) * fwd_s)
         fwd_transient = bwd_transient = fwd_temp = 0.0
         if "fwd_transient_bytes" in cols:
-            # the forward of layer i runs on top of what layers before it saved
-            kept_before = np.concatenate([[0.0], np.cumsum(saved)[:-1]])
-            fwd_transient = float((kept_before + cols["fwd_transient_bytes"]).max())
+            fwd_transient = float(self._forward_rise(first, cols).max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             # the backward of layer i runs after the layers behind it freed what they saved
             freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
@@ -483,6 +481,43 @@ class Profile:
             fwd_temp_bytes=fwd_temp,
             bwd_transient_body_bytes=bwd_body,
         )
+
+    def _forward_rise(self, first: int, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Bytes above the forward's start that a span's forward holds while each of its
+        layers runs (one value per layer; ``cols``: the span's columns at one size), its
+        inputs from other devices aside (the simulator holds them as received)::
+
+            layer i's forward:  kept by layers before i    (saved, each tensor once)
+                              + its input, where no layer before saved it
+                              + what it makes and leaves: its output, and what it saves
+                                beyond its input and output
+                              + its temporaries (``fwd_transient_bytes``)
+
+        The first layer's input is the received buffer (or the data), and a Stash layer
+        makes nothing: its output is its input.  A Pop layer's output is new (the skip
+        joined to its input), and the layer after it saves it: inside the span, not the
+        received buffer."""
+        saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
+        n = len(saved)
+        through = [first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0
+                   for j in range(n)]
+        rise = np.zeros(n)
+        kept = 0.0
+        for j in range(n):
+            # the layer whose output is j's input: the one before, across Stash layers
+            p = j - 1
+            while p > 0 and through[p]:
+                p -= 1
+            loose = 0.0 if p < 0 or through[p] or s_out[p] > 0 else cols["input_bytes"][j]
+            made = 0.0 if through[j] else (cols["output_bytes"][j]
+                                           + max(saved[j] - s_in[j] - s_out[j], 0.0))
+            rise[j] = kept + loose + made + cols["fwd_transient_bytes"][j]
+            # j's saved tensors join the kept ones; its input once, where the producer
+            # saved it already, and not at all where it is the span's received input
+            shared_in = (s_in[j] if j == 0 or through[p] and p == 0
+                         else min(s_out[p], s_in[j]) if p >= 0 else 0.0)
+            kept += saved[j] - shared_in
+        return rise
 
     def ends_in_loss(self, stop: int) -> bool:
         """Whether a span of layers ending before ``stop`` ends in the loss (the profile's
