@@ -514,9 +514,8 @@ class Profile:
             rise[j] = kept + loose + made + cols["fwd_transient_bytes"][j]
             # j's saved tensors join the kept ones; its input once, where the producer
             # saved it already, and not at all where it is the span's received input
-            shared_in = (s_in[j] if j == 0 or through[p] and p == 0
-                         else min(s_out[p], s_in[j]) if p >= 0 else 0.0)
-            kept += saved[j] - shared_in
+            received = j == 0 or (p == 0 and through[0])
+            kept += saved[j] - (s_in[j] if received else min(s_out[p], s_in[j]))
         return rise
 
     def ends_in_loss(self, stop: int) -> bool:
