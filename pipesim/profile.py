@@ -420,7 +420,7 @@ class Profile:
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             # the backward of layer i runs after the layers behind it freed what they saved
             freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
-            net = cols["bwd_transient_bytes"] - freed_after
+            net = self._backward_rise(first, cols) - freed_after
             bwd_transient = max(float(net.max()), 0.0)
             if loss_span:
                 # the last layer's transient less the loss's own (a gradient the size of
@@ -516,6 +516,32 @@ class Profile:
             # saved it already, and not at all where it is the span's received input
             received = j == 0 or (p == 0 and through[0])
             kept += saved[j] - (s_in[j] if received else min(s_out[p], s_in[j]))
+        return rise
+
+    def _backward_rise(self, first: int, cols: dict[str, np.ndarray]) -> np.ndarray:
+        """Bytes above the backward's start that a span's backward holds while each of its
+        layers runs (one value per layer, in the span's order; ``cols``: its columns at
+        one size), before what the layers behind it freed::
+
+            layer i's backward:  its temporaries (``bwd_transient_bytes``: weight
+                                 gradients being formed, ...)
+                               + the input gradient it makes, inside the span (the
+                                 first layer's is the stage's, which the simulator holds)
+            a Stash layer:       its skip's gradient summed with the one from the layers
+                                 after it: a new tensor the size of its input
+
+        A layer's input gradient is counted where the profile saw its backward rise above
+        it (``bwd_transient_bytes`` > 0: the profiler measures the rise less the input
+        gradient, and keeps no less than 0); a Pop layer's input gradient is a view of
+        the gradient it receives, nothing new."""
+        s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
+        pops = {dst for _, _, dst in self.skip_routes()}
+        rise = np.array(cols["bwd_transient_bytes"], dtype=float)
+        for j in range(1, len(rise)):
+            if first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0:
+                rise[j] = cols["input_bytes"][j]
+            elif first + j not in pops and rise[j] > 0:
+                rise[j] += cols["input_bytes"][j]
         return rise
 
     def ends_in_loss(self, stop: int) -> bool:

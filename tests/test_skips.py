@@ -327,10 +327,27 @@ def test_a_stage_opening_with_a_pop_holds_the_joined_tensor_beside_its_received_
     module, loss_fn, x, y = job()
     prof = profile(module, (x, y), [32], loss_fn=loss_fn, repeats=1, warmup=0, progress=False,
                    checkpointed=False)
-    plans = [Plan(b, 1, 32, checkpoint="never") for b in ([7, 6], [8, 5], [10, 3])]
+    plans = [Plan(b, 1, 32, checkpoint="never") for b in ([7, 6], [6, 7], [8, 5])]
     runs = spawn_plans(job, plans, iterations=1, warmup=1, track_memory=True)
     cluster = Cluster.cpu_processes(2)
     for plan, (result, _) in zip(plans, runs, strict=True):
         predicted = metrics(simulate(prof, plan, cluster)).peak_memory_bytes["cpu1"]
         measured = result.trace.meta["peak_memory"]["rank1"]
         assert predicted == pytest.approx(measured, rel=0.01), plan.label()
+
+
+def test_a_backward_holds_its_inner_input_gradients_and_a_stash_sums_its_skips():
+    # each layer's backward forms 10 bytes a sample of temporaries beside the input
+    # gradient (100) it makes; the first layer's is the stage's (the simulator's own)
+    prof = synthetic_profile(4, sizes=(1, 2), act_bytes=100)
+    t = prof.table.assign(fwd_transient_bytes=0, bwd_transient_bytes=10 * prof.table.micro_batch)
+    # layer 2, walked first, holds its 10 and the 100 it makes: nothing freed yet
+    assert Profile(t, prof.meta).span_cost(0, 3, 1).bwd_transient_bytes == 10 + 100
+    # a Stash ending the stage, its skip going on: the skip's gradient and the stage
+    # output's are summed into a new tensor as the backward starts
+    t = t.assign(bwd_transient_bytes=0.0)
+    t.loc[t.layer == 2, ["saved_bytes", "saved_input_bytes", "saved_output_bytes"]] = 0
+    plain = Profile(t, prof.meta)
+    assert plain.span_cost(0, 3, 1).bwd_transient_bytes == 0
+    assert _with_skip(plain, 2, 3).span_cost(0, 3, 1).bwd_transient_bytes == 100
+
