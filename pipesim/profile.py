@@ -367,9 +367,10 @@ class Profile:
         # also across a Stash layer, which passes its input on as its output (saving
         # nothing): layer i's output is then layer i+2's input.
         shared = np.minimum(s_out[:-1], s_in[1:]).sum() if stop - first > 1 else 0.0
-        for k in self._pass_through:
-            if first < k < stop - 1 and s_in[k - first] == 0 and s_out[k - first] == 0:
-                shared += min(s_out[k - 1 - first], s_in[k + 1 - first])
+        through = self._stashes(first, cols)
+        for k in range(1, stop - first - 1):
+            if through[k]:
+                shared += min(s_out[k - 1], s_in[k + 1])
         # The stage output stays alive until its backward (autograd holds it for the
         # gradient that arrives from the next stage), saved or not -- unless the span ends
         # in the loss: then its output is the loss, and the last layer's output (logits)
@@ -378,8 +379,7 @@ class Profile:
         # (a span that ends in Stash layers outputs the tensor of the layer before them:
         # saved there, it is in the stash already)
         last = stop - 1
-        while (last > first and last in self._pass_through
-               and s_in[last - first] == 0 and s_out[last - first] == 0):
+        while last > first and through[last - first]:
             last -= 1
         stash = saved.sum() - shared - (0.0 if loss_span
                                         else s_out[last - first] - cols["output_bytes"][-1])
@@ -482,6 +482,14 @@ class Profile:
             bwd_transient_body_bytes=bwd_body,
         )
 
+    def _stashes(self, first: int, cols: dict[str, np.ndarray]) -> list[bool]:
+        """Per layer of a span starting at ``first`` (``cols``: its columns at one size):
+        whether it is a Stash layer that passes its input on as its output, saving
+        nothing (:attr:`_pass_through`)."""
+        s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
+        return [first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0
+                for j in range(len(s_in))]
+
     def _forward_rise(self, first: int, cols: dict[str, np.ndarray]) -> np.ndarray:
         """Bytes above the forward's start that a span's forward holds while each of its
         layers runs (one value per layer; ``cols``: the span's columns at one size), its
@@ -499,8 +507,7 @@ class Profile:
         received buffer."""
         saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
         n = len(saved)
-        through = [first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0
-                   for j in range(n)]
+        through = self._stashes(first, cols)
         rise = np.zeros(n)
         kept = 0.0
         for j in range(n):
@@ -534,11 +541,11 @@ class Profile:
         it (``bwd_transient_bytes`` > 0: the profiler measures the rise less the input
         gradient, and keeps no less than 0); a Pop layer's input gradient is a view of
         the gradient it receives, nothing new."""
-        s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
+        through = self._stashes(first, cols)
         pops = {dst for _, _, dst in self.skip_routes()}
         rise = np.array(cols["bwd_transient_bytes"], dtype=float)
         for j in range(1, len(rise)):
-            if first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0:
+            if through[j]:
                 rise[j] = cols["input_bytes"][j]
             elif first + j not in pops and rise[j] > 0:
                 rise[j] += cols["input_bytes"][j]
