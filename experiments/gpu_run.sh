@@ -102,12 +102,15 @@ run() {
                  python3 -m executor.cli run --transport threads --device cuda "${gpt[@]}" \
                      --balance 5,5 --chunks 16 --checkpoint always --schedule 1f1b \
                      --profile "$c/profile.csv" --cluster "$c/cluster.json" --out "$c/run" "$@" ;;
-        # (idle costs measured on every rank at once: one rank at a time they would take
+        # (each plan's GPipe and 1F1B one after the other, --order paired: on 2026-11-27
+        # evening the host ran the grid's GPipe block 1.2-1.4x slower, every action alike,
+        # and a grid in its built order reads that as GPipe's bias;
+        # idle costs measured on every rank at once: one rank at a time they would take
         # 4-8x; without them, 2026-11-26, the 4-rank grid read 8.1% / 32.5%, all under, its
         # actions after 3-30 ms idle 1.2-1.4x their profile)
         cpu16) for n in ${CPU16_STAGES:-4 8}; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
-                       --idle-at-once "$@"
+                       --idle-at-once --order paired "$@"
                done ;;
         *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing, switch, console or cpu16)" >&2; return 2 ;;
     esac

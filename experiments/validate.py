@@ -62,6 +62,7 @@ from experiments.validation import (
     mean_readings,
     measured_table,
     noise_floor,
+    paired,
     pass_noise,
     per_model_figures,
     predict_saved,
@@ -145,6 +146,10 @@ def main() -> None:
                     "confirmed choice -- a fifth or so of a 4-rank run, for a lent machine's "
                     "10-minute calls; those ablations are then absent from the summary")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
+    ap.add_argument("--order", choices=("grid", "paired"), default="grid",
+                    help="the order plans are measured in: as the grid builds them (every "
+                         "GPipe plan first), or each plan's schedules side by side "
+                         "(validation.paired: a host's drift over minutes then reads as noise)")
     ap.add_argument("--schedules", default="gpipe,1f1b",
                     help="comma-separated schedules of the grid (e.g. zb-h1,zbv)")
     ap.add_argument("--tag", default="", help="suffix of the results' names")
@@ -238,6 +243,8 @@ def main() -> None:
                      checkpoints=("never", "always") if args.quick else
                      ("never", "except_last", "always"),
                      schedules=tuple(args.schedules.split(",")))
+        if args.order == "paired":
+            plans = paired(plans)
         print(f"{name}: {len(plans)} plans", flush=True)
         clock.mark(f"{name}: own contention, grid")
         # the ablation in_place_contention: each balance's stages computing alone and

@@ -71,6 +71,22 @@ def grid(profile: Profile, n_stages: int, batch: int, chunks=(1, 2, 4, 8, 16),
     return plans
 
 
+def paired(plans: Sequence[Plan]) -> list[Plan]:
+    """``plans`` reordered so that each plan's schedules run one after another: GPipe,
+    1F1B, ... of one balance, micro-batch count and checkpoint mode side by side, in the
+    order they first appear.  A host whose speed drifts over minutes (the 16-core hosts of
+    the GPU machines, 2026-11-27) then reads as noise between twins, not as one
+    schedule's bias: a grid measured in its built order runs every GPipe plan first::
+
+        grid order    gpipe[a,1] gpipe[a,2] ... gpipe[b,16]  1f1b[a,1] ... 1f1b[b,16]
+        paired        gpipe[a,1] 1f1b[a,1]  gpipe[a,2] 1f1b[a,2] ...
+    """
+    first: dict[tuple, int] = {}
+    for i, p in enumerate(plans):
+        first.setdefault((tuple(p.balance), p.chunks, p.checkpoint), i)
+    return sorted(plans, key=lambda p: first[(tuple(p.balance), p.chunks, p.checkpoint)])
+
+
 #: optional profile columns behind one mechanism each (for ablations)
 CHECKPOINT_COSTS = ("ckpt_fwd_s", "ckpt_bwd_s")
 TRANSIENTS = ("fwd_transient_bytes", "bwd_transient_bytes")

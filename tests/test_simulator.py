@@ -2317,3 +2317,15 @@ def test_pair_sharing_slows_each_action_by_the_passes_beside_it():
     assert ends([(1.0, "F", {"F": 0.8})] * 2) == pytest.approx([1.0, 1.0])
     with pytest.raises(ValueError, match="ratio beside each"):
         PairSharing(simpy.Environment(), PAIR_KINDS).run_pass(1.0, "X", (1.0,) * 4)
+
+
+def test_a_paired_grid_measures_each_plans_schedules_side_by_side():
+    from experiments.validation import grid, paired
+
+    plans = grid(uniform_profile(4), 2, 8, chunks=(1, 2), checkpoints=("never", "always"))
+    assert [p.schedule for p in plans[:len(plans) // 2]] == ["gpipe"] * (len(plans) // 2)
+    out = paired(plans)
+    assert sorted(p.label() for p in out) == sorted(p.label() for p in plans)
+    for a, b in zip(out[::2], out[1::2], strict=True):  # twins, one after the other
+        assert (a.schedule, b.schedule) == ("gpipe", "1f1b")
+        assert (a.balance, a.chunks, a.checkpoint) == (b.balance, b.chunks, b.checkpoint)
