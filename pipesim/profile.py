@@ -416,11 +416,11 @@ class Profile:
             ckpt_bwd = max(ckpt_bwd, -min(saving[1], MAX_CHECKPOINT_SAVING) * fwd_s)
         fwd_transient = bwd_transient = fwd_temp = 0.0
         if "fwd_transient_bytes" in cols:
-            fwd_transient = float(self._forward_rise(first, cols).max())
+            fwd_transient = float(self._forward_rise(cols, through).max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             # the backward of layer i runs after the layers behind it freed what they saved
             freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
-            net = self._backward_rise(first, cols) - freed_after
+            net = self._backward_rise(first, cols, through) - freed_after
             bwd_transient = max(float(net.max()), 0.0)
             if loss_span:
                 # the last layer's transient less the loss's own (a gradient the size of
@@ -490,10 +490,12 @@ class Profile:
         return [first + j in self._pass_through and s_in[j] == 0 and s_out[j] == 0
                 for j in range(len(s_in))]
 
-    def _forward_rise(self, first: int, cols: dict[str, np.ndarray]) -> np.ndarray:
+    @staticmethod
+    def _forward_rise(cols: dict[str, np.ndarray], through: list[bool]) -> np.ndarray:
         """Bytes above the forward's start that a span's forward holds while each of its
-        layers runs (one value per layer; ``cols``: the span's columns at one size), its
-        inputs from other devices aside (the simulator holds them as received)::
+        layers runs (one value per layer; ``cols``: the span's columns at one size,
+        ``through``: its Stash layers, :meth:`_stashes`), its inputs from other devices
+        aside (the simulator holds them as received)::
 
             layer i's forward:  kept by layers before i    (saved, each tensor once)
                               + its input, where no layer before saved it
@@ -507,7 +509,6 @@ class Profile:
         received buffer."""
         saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
         n = len(saved)
-        through = self._stashes(first, cols)
         rise = np.zeros(n)
         kept = 0.0
         for j in range(n):
@@ -525,10 +526,12 @@ class Profile:
             kept += saved[j] - (s_in[j] if received else min(s_out[p], s_in[j]))
         return rise
 
-    def _backward_rise(self, first: int, cols: dict[str, np.ndarray]) -> np.ndarray:
+    def _backward_rise(self, first: int, cols: dict[str, np.ndarray],
+                       through: list[bool]) -> np.ndarray:
         """Bytes above the backward's start that a span's backward holds while each of its
         layers runs (one value per layer, in the span's order; ``cols``: its columns at
-        one size), before what the layers behind it freed::
+        one size, ``through``: its Stash layers, :meth:`_stashes`), before what the layers
+        behind it freed::
 
             layer i's backward:  its temporaries (``bwd_transient_bytes``: weight
                                  gradients being formed, ...)
@@ -541,13 +544,11 @@ class Profile:
         it (``bwd_transient_bytes`` > 0: the profiler measures the rise less the input
         gradient, and keeps no less than 0); a Pop layer's input gradient is a view of
         the gradient it receives, nothing new."""
-        through = self._stashes(first, cols)
-        pops = {dst for _, _, dst in self.skip_routes()}
         rise = np.array(cols["bwd_transient_bytes"], dtype=float)
         for j in range(1, len(rise)):
             if through[j]:
                 rise[j] = cols["input_bytes"][j]
-            elif first + j not in pops and rise[j] > 0:
+            elif first + j not in self._pops and rise[j] > 0:
                 rise[j] += cols["input_bytes"][j]
         return rise
 
@@ -711,6 +712,11 @@ class Profile:
     def _pass_through(self) -> tuple[int, ...]:
         """Layers whose output is their input tensor itself: the skips' Stash layers."""
         return tuple(sorted({src for _, src, _ in self.skip_routes()}))
+
+    @cached_property
+    def _pops(self) -> frozenset[int]:
+        """The skips' Pop layers: each joins its skip to its input, a new tensor."""
+        return frozenset(dst for _, _, dst in self.skip_routes())
 
     def interpreter_share(self, micro_batch: float) -> tuple[float, float] | None:
         """``(forward, backward)``: the share of an action's seconds its thread holds the

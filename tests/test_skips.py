@@ -295,11 +295,12 @@ def test_a_skip_that_is_the_stage_output_is_kept_once_by_a_sender_that_keeps_its
         peak(prof, True) - peak(prof, False))
 
 
-def _with_transients(prof: Profile, per_sample: int) -> Profile:
-    """``prof`` with every layer's forward holding ``per_sample`` bytes of temporaries."""
-    t = prof.table.assign(fwd_transient_bytes=per_sample * prof.table.micro_batch,
-                          bwd_transient_bytes=0)
-    return Profile(t, prof.meta)
+def _with_transients(prof: Profile, fwd: int, bwd: int = 0) -> Profile:
+    """``prof`` with every layer's forward and backward holding ``fwd`` and ``bwd`` bytes
+    of temporaries a sample."""
+    b = prof.table.micro_batch
+    return Profile(prof.table.assign(fwd_transient_bytes=fwd * b, bwd_transient_bytes=bwd * b),
+                   prof.meta)
 
 
 def test_a_forwards_peak_holds_the_running_layers_input_output_and_temporaries():
@@ -340,12 +341,11 @@ def test_a_backward_holds_its_inner_input_gradients_and_a_stash_sums_its_skips()
     # each layer's backward forms 10 bytes a sample of temporaries beside the input
     # gradient (100) it makes; the first layer's is the stage's (the simulator's own)
     prof = synthetic_profile(4, sizes=(1, 2), act_bytes=100)
-    t = prof.table.assign(fwd_transient_bytes=0, bwd_transient_bytes=10 * prof.table.micro_batch)
     # layer 2, walked first, holds its 10 and the 100 it makes: nothing freed yet
-    assert Profile(t, prof.meta).span_cost(0, 3, 1).bwd_transient_bytes == 10 + 100
+    assert _with_transients(prof, 0, 10).span_cost(0, 3, 1).bwd_transient_bytes == 10 + 100
     # a Stash ending the stage, its skip going on: the skip's gradient and the stage
     # output's are summed into a new tensor as the backward starts
-    t = t.assign(bwd_transient_bytes=0.0)
+    t = _with_transients(prof, 0).table
     t.loc[t.layer == 2, ["saved_bytes", "saved_input_bytes", "saved_output_bytes"]] = 0
     plain = Profile(t, prof.meta)
     assert plain.span_cost(0, 3, 1).bwd_transient_bytes == 0
