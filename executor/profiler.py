@@ -62,17 +62,33 @@ def _detached_input(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
-def _transients(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
-                target: torch.Tensor | None, grad: torch.Tensor | None,
-                row: dict[str, float]) -> dict[str, float]:
-    """Bytes a layer holds only while it runs, seen by :mod:`executor.memtrack`.
+class _MadeGradient(torch.autograd.Function):
+    """A root for a layer's backward that hands the layer its output gradient as a new
+    tensor (a copy of ``grad``), which autograd frees once the layer's first operation has
+    used it -- as inside a stage, where the layer after makes it -- while no variable
+    holds the layer's output: it lives as long as the layer saved it, as in a stage (see
+    ``bwd_fed_rise_bytes``)."""
 
-    ``fwd_transient_bytes``: the forward's peak above what it leaves behind (temporaries).
-    ``bwd_transient_bytes``: the backward's rise above its start, less the input gradient
-    (and, after a loss, the output's gradient) that the simulator counts itself: weight
-    gradients being formed before they are added to ``.grad``, and other temporaries.
-    Measured with gradients already present, as in every backward but a stage's first.
-    """
+    @staticmethod
+    def forward(ctx, y: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+        ctx.grad = grad
+        return y.new_zeros(())
+
+    @staticmethod
+    def backward(ctx, _root: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return ctx.grad.clone(), None
+
+
+def _backward_rise(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+                   target: torch.Tensor | None, grad: torch.Tensor | None,
+                   fed: bool = False) -> tuple[float, float]:
+    """``(forward temporaries, backward rise)`` of one forward and backward of ``layer``
+    under :mod:`executor.memtrack`, in bytes: the forward's peak above what it leaves
+    behind, and the backward's peak above where the forward ended.  The output and its
+    gradient ``grad`` are held throughout (as a stage's output and received gradient
+    are), or with ``fed`` neither: the gradient is handed on as a copy made at the
+    backward's start (:class:`_MadeGradient`).  Gradients are present already, as in
+    every backward but a stage's first."""
     timeline = Timeline(granularity_of(x.device))
     held = [*layer.parameters(), *layer.buffers(), x, x.grad, target, grad]
     held += [p.grad for p in layer.parameters() if p.grad is not None]
@@ -80,18 +96,45 @@ def _transients(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
     with Tracker(timeline, "d"):
         y = layer(x)
         out = loss_fn(y, target) if loss_fn is not None else y
+        fwd_transient = timeline.peak["d"] - timeline.level["d"]
+        if fed and out.requires_grad:
+            out = _MadeGradient.apply(out, grad)
+            grad = torch.ones_like(out)  # (the root's, a scalar: made before measuring)
+            del y  # (the output lives on only where the layer saved it)
         after = timeline.level["d"]
-        fwd_transient = timeline.peak["d"] - after
         timeline.peak["d"] = after  # the backward's own peak from here
         if out.requires_grad:
             _backward(out, grad)
         rise = timeline.peak["d"] - after
-        del y, out
+        del out
     timeline.forget()
+    return float(fwd_transient), float(rise)
+
+
+def _transients(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+                target: torch.Tensor | None, grad: torch.Tensor | None,
+                row: dict[str, float]) -> dict[str, float]:
+    """Bytes a layer holds only while it runs, seen by :mod:`executor.memtrack`.
+
+    ``fwd_transient_bytes``: the forward's peak above what it leaves behind (temporaries).
+    ``bwd_rise_bytes``: the backward's peak above where the forward ended, its output
+    gradient held throughout (as a stage's received gradient is): its input gradient where
+    it makes one, weight gradients being formed, other temporaries; after a loss, the
+    output's gradient too.
+    ``bwd_fed_rise_bytes``: the same with the output gradient made anew at the backward's
+    start and freed once used, as the layer after makes it inside a stage (after a loss,
+    which makes its own: ``bwd_rise_bytes``).
+    ``bwd_transient_bytes``: ``bwd_rise_bytes`` less the input gradient (and, after a
+    loss, the output's gradient) that the simulator counts itself, no less than 0.
+    """
+    fwd_transient, rise = _backward_rise(layer, x, loss_fn, target, grad)
+    fed_rise = (_backward_rise(layer, x, loss_fn, target, grad, fed=True)[1]
+                if loss_fn is None and grad is not None else rise)
     counted = (row["input_bytes"] if x.requires_grad else 0) + (
         row["output_bytes"] if loss_fn is not None else 0)
-    return {"fwd_transient_bytes": float(fwd_transient),
-            "bwd_transient_bytes": float(max(rise - counted, 0))}
+    return {"fwd_transient_bytes": fwd_transient,
+            "bwd_transient_bytes": float(max(rise - counted, 0)),
+            "bwd_rise_bytes": rise, "bwd_fed_rise_bytes": fed_rise}
 
 
 def _run_layer(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,

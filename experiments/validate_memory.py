@@ -13,6 +13,13 @@ chart of predicted against measured timelines for a few plans.
 
     python experiments/validate_memory.py [--models mlp,gpt,unet] [--quick] [--tag T]
 Writes experiments/results/validation_memory_cpu.csv/.json and validation_memory_cpu.png.
+
+    python experiments/validate_memory.py --repredict
+re-predicts the committed run's peaks (its ``validation_memory_cpu.csv``, every plan and
+device) from profiles taken again, without running the plans: memtrack's bytes do not
+depend on timing, so a change to the memory model is checked against the same 312 peaks
+in seconds.  Prints median and max |error| per model and mode, as run and now; writes
+``validation_memory_cpu_repredicted.csv``.
 """
 
 from __future__ import annotations
@@ -103,21 +110,70 @@ def shapes(predicted: Trace, measured: Trace, cluster: Cluster, n_devices: int) 
     return out
 
 
+def model_profile(name: str) -> Profile:
+    """The built-in model ``name``'s profile as the grid takes it (its bytes, transients
+    included, at every micro-batch size of the grid; one repeat: the peaks do not depend
+    on its seconds but through the schedule's overlaps)."""
+    job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
+    module, loss_fn, x, y = job()
+    sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
+    return profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=1, warmup=0,
+                   progress=False, checkpointed=False, meta={"model": name})
+
+
+def repredict(models: list[str], source: Path = RESULTS / "validation_memory_cpu.csv") -> None:
+    """Each peak of the committed run ``source`` predicted again from a profile taken now
+    (see the module doc): the memory model's check without running a plan."""
+    table = pd.read_csv(source)
+    table = table[table.model.isin(models)].copy()
+    cluster = Cluster.cpu_processes(DEVICES)
+    now = []
+    for name in models:
+        prof = model_profile(name)
+        plans = {p.label(): p for p in grid(prof, False, name)}
+        peaks: dict[str, list[float]] = {}
+        for label in table[table.model == name].plan.unique():
+            if label not in plans:
+                raise ValueError(f"{source}: plan {label!r} of {name} is not in the grid")
+            peaks[label] = predicted_peaks(prof, plans[label], cluster)
+        now += [peaks[r.plan][r.device] for r in table[table.model == name].itertuples()]
+    table["predicted_now_bytes"] = now
+    table["error_now_pct"] = 100 * (table.predicted_now_bytes / table.measured_bytes - 1)
+    by = table.groupby(["model", "checkpoint"])
+    print(pd.concat({"as run": by.error_pct.agg(lambda e: e.abs().median()),
+                     "as run max": by.error_pct.agg(lambda e: e.abs().max()),
+                     "now": by.error_now_pct.agg(lambda e: e.abs().median()),
+                     "now max": by.error_now_pct.agg(lambda e: e.abs().max())},
+                    axis=1).round(2).to_string())
+    for col, label in (("error_pct", "as run"), ("error_now_pct", "now")):
+        print(f"all {len(table)} peaks, {label}: median |error| "
+              f"{table[col].abs().median():.2f}%, max {table[col].abs().max():.1f}%")
+    worst = table.reindex(table.error_now_pct.abs().sort_values().index[-8:])
+    print(worst[["model", "plan", "device", "measured_bytes", "error_pct",
+                 "error_now_pct"]].round(2).to_string(index=False))
+    write_results("validation_memory_cpu_repredicted",
+                  table[["model", "plan", "device", "checkpoint", "measured_bytes",
+                         "predicted_bytes", "predicted_now_bytes", "error_pct",
+                         "error_now_pct"]], {**machine(), "source": str(source)})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--tag", default="", help="suffix of the results' names (a partial grid)")
+    ap.add_argument("--repredict", action="store_true",
+                    help="re-predict the committed run's peaks, running no plan")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.repredict:
+        repredict(args.models.split(","))
+        return
     cluster = Cluster.cpu_processes(DEVICES)
     rows, examples = [], []
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
-        module, loss_fn, x, y = job()
-        sizes = sorted({BATCH // c for c in (1, 2, 4, 8, 16)})
-        prof = profile(module, (x, y), sizes, loss_fn=loss_fn, repeats=1, warmup=0,
-                       progress=False, checkpointed=False, meta={"model": name})
+        prof = model_profile(name)
         bare = without_columns(prof, TRANSIENTS)
         plans = grid(prof, args.quick, name)
         print(f"{name}: {len(plans)} plans", flush=True)

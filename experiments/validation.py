@@ -89,7 +89,7 @@ def paired(plans: Sequence[Plan]) -> list[Plan]:
 
 #: optional profile columns behind one mechanism each (for ablations)
 CHECKPOINT_COSTS = ("ckpt_fwd_s", "ckpt_bwd_s")
-TRANSIENTS = ("fwd_transient_bytes", "bwd_transient_bytes")
+TRANSIENTS = ("fwd_transient_bytes", "bwd_transient_bytes", "bwd_rise_bytes", "bwd_fed_rise_bytes")
 
 
 def without_columns(profile: Profile, columns: tuple[str, ...]) -> Profile:

@@ -14,7 +14,7 @@ from pipesim.balance import stage_firsts
 from pipesim.cluster import Cluster, IdleCost
 from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
-from pipesim.profile import Profile
+from pipesim.profile import LayerCost, Profile
 
 
 @dataclass(frozen=True)
@@ -121,6 +121,10 @@ class PlanCosts:
                     first = profile.at(layers.start, size, extrapolate=extrapolate)
                     internal = span.stash_bytes - first["saved_input_bytes"]
                     loss_stage = profile.ends_in_loss(layers.stop)
+                    # a recomputation makes every saved tensor anew, the output too where
+                    # a layer saves it (the output itself is kept)
+                    recomputed = (internal - span.output_bytes + span.output_saved_bytes
+                                  if ckpt else 0.0)
                     cache[key] = StageCost(
                         # a checkpointed forward pays the checkpoint's own cost (hooks,
                         # random state) and so does its backward, beside recomputing
@@ -130,18 +134,15 @@ class PlanCosts:
                         input_bytes=span.input_bytes,
                         output_bytes=span.output_bytes,
                         keep_bytes=span.output_bytes if ckpt else internal,
-                        # a recomputation makes every saved tensor anew, the output too
-                        # where a layer saves it (the output itself is kept)
-                        recompute_bytes=(internal - span.output_bytes + span.output_saved_bytes
-                                         if ckpt else 0.0),
+                        recompute_bytes=recomputed,
                         param_bytes=span.param_bytes,
                         # a checkpointed forward saves nothing as it goes: only a layer's
-                        # temporaries; a recomputation runs inside the backward, beside
-                        # the recomputed activations (recompute_bytes)
-                        fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
+                        # temporaries.  A recomputation runs inside the backward: its peak
+                        # is the forward's own (activations so far + one layer's
+                        # temporaries), the backward proper's is all of them + its own
                         bwd_transient_bytes=(
-                            max(span.bwd_transient_body_bytes, span.fwd_temp_bytes) if ckpt
-                            else span.bwd_transient_bytes),
+                            _checkpointed_transient(span, recomputed) if ckpt else span.bwd_transient_bytes),
+                        fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
                         backward_walk=walk,
                         recompute_walk=_recompute_walk(profile, layers.start, layers.stop, size,
                                                        extrapolate) if ckpt else (),
@@ -196,6 +197,22 @@ class PlanCosts:
             return (span.fwd_s + span.bwd_s) * size / at
 
         return speedup_from_scaling(time_at, self.plan.micro_batch_sizes[0], streams)
+
+
+def _checkpointed_transient(span: LayerCost, recomputed: float) -> float:
+    """Bytes a checkpointed backward holds beside its recomputed activations (added at its
+    start, as :attr:`StageCost.bwd_transient_bytes`), so that its peak is the larger of
+    the recomputation's and the backward proper's::
+
+        recomputation      start + (activations so far + one layer's forward temporaries)
+                           at most start + span.recompute_rise_bytes
+        backward proper    start + recomputed + span.bwd_transient_body_bytes
+
+    (the loss, outside the checkpoint, runs its backward first: the body's transients).
+    The recomputation's temporaries are gone once it ends, so they are not held through
+    the backward proper: the larger one layer's temporaries hold only while the forward's
+    activations are not all there yet."""
+    return max(span.bwd_transient_body_bytes, span.recompute_rise_bytes - recomputed, 0.0)
 
 
 def _backward_walk(profile: Profile, first: int, stop: int, size: float,

@@ -46,6 +46,11 @@ Optional columns (profiles without them still load; the simulator then falls bac
 ``fwd_transient_bytes`` int bytes the forward holds only while it runs (temporaries)
 ``bwd_transient_bytes`` int bytes the backward holds only while it runs, beyond the input
                             gradient: weight gradients being formed, temporaries
+``bwd_rise_bytes``  int     the backward's peak above the forward's end, its output
+                            gradient held throughout: the input gradient it makes, its
+                            temporaries (and, on the loss layer, the logits' gradient)
+``bwd_fed_rise_bytes`` int  the same with its output gradient made anew as it starts and
+                            freed once used, as the layer after makes it in a stage
 ``autograd_nodes``  int     nodes the layer's forward adds to the autograd graph (the
                             loss's too, on the last layer; parameters' gradient
                             accumulators not counted): how far it advances its thread's
@@ -146,6 +151,8 @@ OPTIONAL_COLUMNS: dict[str, str] = {
     "ckpt_bwd_s": "float",
     "fwd_transient_bytes": "float",
     "bwd_transient_bytes": "float",
+    "bwd_rise_bytes": "float",
+    "bwd_fed_rise_bytes": "float",
     "bwd_input_s": "float",
     "bwd_weight_s": "float",
     "w_pending_bytes": "float",
@@ -178,12 +185,21 @@ class LayerCost:
     ckpt_fwd_extra_s: float = 0.0
     ckpt_bwd_extra_s: float = 0.0
     #: bytes held only while the span's forward runs, above what the forward had kept so
-    #: far (peak over its layers); and the same for the backward (see the columns)
+    #: far (peak over its layers); and the same for the backward (see the columns): with
+    #: raw backward rises, beside the span's input gradient, which the simulator holds
+    #: from the backward's start (the rises place it at the first layer's backward)
     fwd_transient_bytes: float = 0.0
     bwd_transient_bytes: float = 0.0
     #: the largest temporaries of one layer's forward alone (nothing kept before it): what
     #: a checkpointed forward, or a recomputation, holds beside its activations
     fwd_temp_bytes: float = 0.0
+    #: the peak of the span's recomputation above its start (a checkpointed backward
+    #: re-running the forward: activations so far + one layer's temporaries, as
+    #: ``fwd_transient_bytes``), over the layers inside the checkpoint: not a loss layer,
+    #: whose loss runs outside it and whose temporaries cannot be told from the loss's.
+    #: Beside the span's input gradient, as ``bwd_transient_bytes`` is, where the profile
+    #: has raw backward rises: less it (made later, held by the simulator from the start)
+    recompute_rise_bytes: float = 0.0
     #: ``bwd_transient_bytes`` without the loss layer's (a span ending in the loss): what
     #: runs after a checkpointed loss stage's recomputation -- the loss is outside the
     #: checkpoint, its backward runs first
@@ -414,14 +430,29 @@ class Profile:
             saving = self.checkpoint_saving(micro_batch, extrapolate=extrapolate)
             ckpt_fwd = max(ckpt_fwd, -min(saving[0], MAX_CHECKPOINT_SAVING) * fwd_s)
             ckpt_bwd = max(ckpt_bwd, -min(saving[1], MAX_CHECKPOINT_SAVING) * fwd_s)
-        fwd_transient = bwd_transient = fwd_temp = 0.0
+        fwd_transient = bwd_transient = fwd_temp = recompute_rise = bwd_body = 0.0
         if "fwd_transient_bytes" in cols:
-            fwd_transient = float(self._forward_rise(cols, through).max())
+            raw = "bwd_rise_bytes" in cols and "bwd_fed_rise_bytes" in cols
+            # the stage's input gradient, which the simulator holds from the backward's
+            # start (it is handed on at its end); measured rises place it where it is
+            # made, at the first layer's backward, so what runs before (the recomputation,
+            # the inner layers) holds that much less beside it
+            early = float(cols["input_bytes"][0]) if raw and first > 0 else 0.0
+            forward_rise = self._forward_rise(cols, through)
+            fwd_transient = float(forward_rise.max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
+            inside = forward_rise[:-1] if loss_span else forward_rise
+            recompute_rise = float(inside.max()) - early if len(inside) else 0.0
             # the backward of layer i runs after the layers behind it freed what they saved
-            freed_after = np.concatenate([np.cumsum(saved[::-1])[::-1][1:], [0.0]])
-            net = self._backward_rise(first, cols, through) - freed_after
+            # (measured raw rises: a layer's saved input that its producer saved too goes
+            # in the producer's backward, which the producer's rise is net of)
+            freed_after = np.concatenate(
+                [np.cumsum((self._own_saved(cols, through) if raw else saved)[::-1])[::-1][1:],
+                 [0.0]])
+            net = self._backward_rise(first, cols, through, loss_span) - freed_after
+            net[1:] -= early
             bwd_transient = max(float(net.max()), 0.0)
+            bwd_body = bwd_transient
             if loss_span:
                 # the last layer's transient less the loss's own (a gradient the size of
                 # its input, the logits): what its layer proper holds, after recomputing
@@ -430,10 +461,6 @@ class Profile:
                 # being formed: a backward but the stage's first forms them beside .grad)
                 body[-1] = max(body[-1] - cols["output_bytes"][-1], cols["param_bytes"][-1])
                 bwd_body = max(float(body.max()), 0.0)
-            else:
-                bwd_body = bwd_transient
-        else:
-            bwd_body = 0.0
         weighted = cols["param_bytes"] > 0
         if "bwd_input_s" in cols and "bwd_weight_s" in cols:
             i_s, w_s = float(cols["bwd_input_s"].sum()), float(cols["bwd_weight_s"].sum())
@@ -479,6 +506,7 @@ class Profile:
             fwd_transient_bytes=fwd_transient,
             bwd_transient_bytes=bwd_transient,
             fwd_temp_bytes=fwd_temp,
+            recompute_rise_bytes=recompute_rise,
             bwd_transient_body_bytes=bwd_body,
         )
 
@@ -491,13 +519,38 @@ class Profile:
                 for j in range(len(s_in))]
 
     @staticmethod
-    def _forward_rise(cols: dict[str, np.ndarray], through: list[bool]) -> np.ndarray:
+    def _producers(through: list[bool]) -> list[int]:
+        """Per layer of a span, the layer whose output is its input: the one before,
+        across Stash layers (-1: the span's input)."""
+        producers = []
+        for j in range(len(through)):
+            p = j - 1
+            while p > 0 and through[p]:
+                p -= 1
+            producers.append(p)
+        return producers
+
+    @classmethod
+    def _own_saved(cls, cols: dict[str, np.ndarray], through: list[bool]) -> np.ndarray:
+        """Per layer of a span, the bytes its forward saves that no layer before it saved
+        (one storage counted once: a layer's saved input is its producer's saved output;
+        the first layer's saved input is the span's received input, not counted)."""
+        saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
+        own = np.zeros(len(saved))
+        for j, p in enumerate(cls._producers(through)):
+            received = j == 0 or (p == 0 and through[0])
+            own[j] = saved[j] - (s_in[j] if received else min(s_out[p], s_in[j]))
+        return own
+
+    @classmethod
+    def _forward_rise(cls, cols: dict[str, np.ndarray], through: list[bool]) -> np.ndarray:
         """Bytes above the forward's start that a span's forward holds while each of its
         layers runs (one value per layer; ``cols``: the span's columns at one size,
         ``through``: its Stash layers, :meth:`_stashes`), its inputs from other devices
         aside (the simulator holds them as received)::
 
-            layer i's forward:  kept by layers before i    (saved, each tensor once)
+            layer i's forward:  kept by layers before i    (saved, each tensor once:
+                                                            :meth:`_own_saved`)
                               + its input, where no layer before saved it
                               + what it makes and leaves: its output, and what it saves
                                 beyond its input and output
@@ -508,47 +561,58 @@ class Profile:
         joined to its input), and the layer after it saves it: inside the span, not the
         received buffer."""
         saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
-        n = len(saved)
-        rise = np.zeros(n)
-        kept = 0.0
-        for j in range(n):
-            # the layer whose output is j's input: the one before, across Stash layers
-            p = j - 1
-            while p > 0 and through[p]:
-                p -= 1
+        kept = np.concatenate([[0.0], np.cumsum(cls._own_saved(cols, through))[:-1]])
+        rise = np.zeros(len(saved))
+        for j, p in enumerate(cls._producers(through)):
             loose = 0.0 if p < 0 or through[p] or s_out[p] > 0 else cols["input_bytes"][j]
             made = 0.0 if through[j] else (cols["output_bytes"][j]
                                            + max(saved[j] - s_in[j] - s_out[j], 0.0))
-            rise[j] = kept + loose + made + cols["fwd_transient_bytes"][j]
-            # j's saved tensors join the kept ones; its input once, where the producer
-            # saved it already, and not at all where it is the span's received input
-            received = j == 0 or (p == 0 and through[0])
-            kept += saved[j] - (s_in[j] if received else min(s_out[p], s_in[j]))
+            rise[j] = kept[j] + loose + made + cols["fwd_transient_bytes"][j]
         return rise
 
     def _backward_rise(self, first: int, cols: dict[str, np.ndarray],
-                       through: list[bool]) -> np.ndarray:
+                       through: list[bool], loss_span: bool = False) -> np.ndarray:
         """Bytes above the backward's start that a span's backward holds while each of its
         layers runs (one value per layer, in the span's order; ``cols``: its columns at
         one size, ``through``: its Stash layers, :meth:`_stashes`), before what the layers
         behind it freed::
 
-            layer i's backward:  its temporaries (``bwd_transient_bytes``: weight
-                                 gradients being formed, ...)
+            layer i's backward:  its temporaries (weight gradients being formed, ...)
                                + the input gradient it makes, inside the span (the
                                  first layer's is the stage's, which the simulator holds)
+                               + its output gradient while its first operations use it,
+                                 where the layer after made it (not the span's last
+                                 layer: the received gradient, or the loss's, which the
+                                 simulator holds; nor a layer before a Pop, whose
+                                 input gradient is a view of what it received)
             a Stash layer:       its skip's gradient summed with the one from the layers
                                  after it: a new tensor the size of its input
 
-        A layer's input gradient is counted where the profile saw its backward rise above
-        it (``bwd_transient_bytes`` > 0: the profiler measures the rise less the input
-        gradient, and keeps no less than 0); a Pop layer's input gradient is a view of
-        the gradient it receives, nothing new."""
+        Measured, where the profile has the raw rises (``bwd_rise_bytes``: the output
+        gradient held; ``bwd_fed_rise_bytes``: it made anew and freed once used).  From
+        ``bwd_transient_bytes`` alone (older profiles): a layer's input gradient is counted
+        where the profile saw its backward rise above it (the rise less the input gradient,
+        floored at 0, cannot tell an input gradient the size of the whole rise from none),
+        no output gradient; a Pop layer's input gradient is a view of the gradient it
+        receives, nothing new."""
         rise = np.array(cols["bwd_transient_bytes"], dtype=float)
-        for j in range(1, len(rise)):
-            if through[j]:
+        raw = "bwd_rise_bytes" in cols and "bwd_fed_rise_bytes" in cols
+        last = len(rise) - 1
+        for j in range(len(rise)):
+            if through[j] and j > 0:
                 rise[j] = cols["input_bytes"][j]
-            elif first + j not in self._pops and rise[j] > 0:
+            elif raw:
+                # (its output gradient is made anew by the layer after, but received, or
+                # the loss's, on the last layer, and a view of the gradient a Pop after it
+                # receives)
+                fed = j < last and first + j + 1 not in self._pops
+                own = cols["bwd_fed_rise_bytes"][j] if fed else cols["bwd_rise_bytes"][j]
+                if j == 0:  # less the stage's input gradient, as bwd_transient_bytes is
+                    own -= cols["bwd_rise_bytes"][j] - cols["bwd_transient_bytes"][j]
+                if j == last and loss_span:  # less the logits' gradient
+                    own -= cols["output_bytes"][j]
+                rise[j] = max(own, 0.0)
+            elif j > 0 and first + j not in self._pops and rise[j] > 0:
                 rise[j] += cols["input_bytes"][j]
         return rise
 

@@ -241,3 +241,14 @@ def test_pairs_time_each_pass_beside_each_other_pass_and_a_profile_keeps_them(tm
     assert sizes_seen == [2, 4] and set(prof.meta["pair_slowdown"]) == {"2", "4"}
     back = Profile.load(prof.save(tmp_path / "p.csv"))
     assert back.pair_slowdown(3) == pytest.approx(row)
+
+
+def test_a_layers_backward_rise_holds_its_output_gradient_while_fed():
+    # a ReLU makes its input gradient (8 x 64 floats) from its output gradient: with that
+    # gradient held (a stage's received one) the rise is the input gradient alone; made
+    # by the layer after, both are alive while the ReLU's backward runs.  The rise less
+    # the input gradient reads 0 either way (what older profiles carry)
+    row = profile_layer(nn.ReLU(), torch.randn(8, 64), repeats=1, warmup=0)
+    assert row["bwd_rise_bytes"] == 8 * 64 * 4
+    assert row["bwd_fed_rise_bytes"] == 2 * 8 * 64 * 4
+    assert row["bwd_transient_bytes"] == 0
