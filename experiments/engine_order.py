@@ -16,10 +16,18 @@ variants of ``repredict_evidence.py``.  It checks the mechanism apart from the c
 
     python experiments/engine_order.py
 Writes experiments/results/engine_order.csv.
+
+    python experiments/engine_order.py --order
+re-predicts iteration times with the serving order changed and nothing else (an
+ablation): by node counts (``threads_node_order``, the model), stage 0's backward
+served first, or both shared fairly -- on the 2026-11-23 grid, the H200's grid of
+2026-11-26 and the recorded fp32 traces; prints median and max |error| per source and
+model beside the runs' own verdict above.  Writes ``engine_order_ablation.csv``.
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -29,8 +37,18 @@ sys.path.insert(0, str(ROOT))
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.repredict_evidence import LATEST_GPU, VARIANTS, _gpu_plans
+from experiments.repredict_evidence import (
+    EVIDENCE,
+    H200_GRID,
+    LATEST_GPU,
+    VARIANTS,
+    _gpu_plans,
+    _with_autograd_nodes,
+    trace_runs,
+)
+from pipesim.profile import Profile
 from pipesim.simulator import simulate
+from pipesim.trace import metrics
 
 ORDERS = ("threads_host_gil", "threads_node_order")
 
@@ -54,7 +72,65 @@ def overtakings(actions: pd.DataFrame) -> dict[str, int]:
     return out
 
 
+def served(profile: Profile, order: str) -> Profile:
+    """``profile`` with its ``autograd_nodes`` set so that autograd's thread serves the
+    backwards in ``order``: ``"nodes"`` as counted (the model), ``"stage0"`` stage 0's
+    first whatever the balance (each layer more nodes than all after it together: the
+    worker holding the first layers outranks), ``"fair"`` shared (all equal: 0)."""
+    counted = _with_autograd_nodes(profile)
+    if order == "nodes":
+        return counted
+    layers = counted.table.layer
+    nodes = 0 * layers if order == "fair" else 2 ** (counted.n_layers - layers)
+    return Profile(counted.table.assign(autograd_nodes=nodes), counted.meta, counted.source)
+
+
+ORDER_ABLATION = ("nodes", "stage0", "fair")
+
+
+def order_ablation() -> pd.DataFrame:
+    """Each fp32 plan of the GPU grids and traces predicted under every serving order of
+    :data:`ORDER_ABLATION` (the ``threads_node_order`` variant, its profile's node counts
+    replaced): one row per plan and order, error in percent of the measured iteration."""
+    runs = [("gpu_results", model, dtype, profile, cluster, plan, r.measured_ms)
+            for model, dtype, profile, cluster, plan, r in _gpu_plans(LATEST_GPU)]
+    runs += [("h200_grid", model, dtype, profile, cluster, plan, r.measured_ms)
+             for model, dtype, profile, cluster, plan, r in _gpu_plans(H200_GRID)]
+    runs += [("traces", model, dtype, profile, cluster, plan,
+              metrics(measured).iteration_time_s * 1e3)
+             for model, dtype, profile, cluster, plan, measured in trace_runs(EVIDENCE)]
+    rows = []
+    for source, model, dtype, profile, cluster, plan, measured_ms in runs:
+        if dtype != "float32":
+            continue
+        for order in ORDER_ABLATION:
+            changed = VARIANTS["threads_node_order"](served(profile, order), cluster)
+            if changed is None:
+                continue
+            predicted = metrics(simulate(changed[0], plan, changed[1],
+                                         track_memory=False)).iteration_time_s * 1e3
+            rows.append({"source": source, "model": model, "plan": plan.label(),
+                         "order": order, "measured_ms": measured_ms,
+                         "predicted_ms": predicted,
+                         "error_pct": 100 * (predicted / measured_ms - 1)})
+    table = pd.DataFrame(rows)
+    summary = table.assign(abs_error=table.error_pct.abs()).pivot_table(
+        index=["source", "model"], columns="order", values="abs_error",
+        aggfunc=["median", "max"])
+    with pd.option_context("display.width", 200):
+        print("iteration time, |error| % by the order autograd's thread serves backwards in")
+        print(summary.round(2).to_string())
+    write_results("engine_order_ablation", table, {"orders": list(ORDER_ABLATION)})
+    return table
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--order", action="store_true",
+                    help="re-predict iteration times under each serving order (an ablation)")
+    if ap.parse_args().order:
+        order_ablation()
+        return
     recorded = pd.read_csv(LATEST_GPU / "validation_gpu_actions.csv.gz")
     rows = []
     for model, dtype, profile, cluster, plan, _ in _gpu_plans(LATEST_GPU):
