@@ -79,7 +79,7 @@ class _MadeGradient(torch.autograd.Function):
         return ctx.grad.clone(), None
 
 
-def _backward_rise(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
+def _measure_rise(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
                    target: torch.Tensor | None, grad: torch.Tensor | None,
                    fed: bool = False) -> tuple[float, float]:
     """``(forward temporaries, backward rise)`` of one forward and backward of ``layer``
@@ -127,8 +127,8 @@ def _transients(layer: nn.Module, x: torch.Tensor, loss_fn: LossFn | None,
     ``bwd_transient_bytes``: ``bwd_rise_bytes`` less the input gradient (and, after a
     loss, the output's gradient) that the simulator counts itself, no less than 0.
     """
-    fwd_transient, rise = _backward_rise(layer, x, loss_fn, target, grad)
-    fed_rise = (_backward_rise(layer, x, loss_fn, target, grad, fed=True)[1]
+    fwd_transient, rise = _measure_rise(layer, x, loss_fn, target, grad)
+    fed_rise = (_measure_rise(layer, x, loss_fn, target, grad, fed=True)[1]
                 if loss_fn is None and grad is not None else rise)
     counted = (row["input_bytes"] if x.requires_grad else 0) + (
         row["output_bytes"] if loss_fn is not None else 0)

@@ -55,7 +55,8 @@ from pipesim.trace import metrics
 GPT = dict(vocab=8192, d_model=1024, n_layers=8, n_heads=16, seq_len=256)
 BATCH = 32
 #: byte columns compared between the CPU and the CUDA profile, layer by layer
-BYTE_COLUMNS = ("saved_bytes", "output_bytes", "fwd_transient_bytes", "bwd_transient_bytes")
+BYTE_COLUMNS = ("saved_bytes", "output_bytes", "fwd_transient_bytes", "bwd_transient_bytes",
+                "bwd_rise_bytes", "bwd_fed_rise_bytes")
 
 
 def parse_plan(label: str) -> Plan:
