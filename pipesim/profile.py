@@ -195,8 +195,9 @@ class LayerCost:
     fwd_temp_bytes: float = 0.0
     #: the peak of the span's recomputation above its start (a checkpointed backward
     #: re-running the forward: activations so far + one layer's temporaries, as
-    #: ``fwd_transient_bytes``), over the layers inside the checkpoint: not a loss layer,
-    #: whose loss runs outside it and whose temporaries cannot be told from the loss's.
+    #: ``fwd_transient_bytes``), over the layers it re-runs: inside the checkpoint (not a
+    #: loss layer, whose loss runs outside it and whose temporaries cannot be told from
+    #: the loss's) and up to the last that saves a tensor (the checkpoint stops there).
     #: Beside the span's input gradient, as ``bwd_transient_bytes`` is, where the profile
     #: has raw backward rises: less it (made later, held by the simulator from the start)
     recompute_rise_bytes: float = 0.0
@@ -442,6 +443,10 @@ class Profile:
             fwd_transient = float(forward_rise.max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             inside = forward_rise[:-1] if loss_span else forward_rise
+            # (torch.utils.checkpoint stops its recomputation once the last tensor the
+            # forward saved is made again: layers after the last that saves are not re-run)
+            savers = np.nonzero(saved[:len(inside)] > 0)[0]
+            inside = inside[:savers[-1] + 1] if len(savers) else inside[:0]
             recompute_rise = float(inside.max()) - early if len(inside) else 0.0
             # the backward of layer i runs after the layers behind it freed what they saved
             # (measured raw rises: a layer's saved input that its producer saved too goes
@@ -453,6 +458,11 @@ class Profile:
             net[1:] -= early
             bwd_transient = max(float(net.max()), 0.0)
             bwd_body = bwd_transient
+            if raw and not loss_span:
+                # after recomputing (the body is what a checkpointed backward holds)
+                body = self._backward_rise(first, cols, through, recomputed=True) - freed_after
+                body[1:] -= early
+                bwd_body = max(float(body.max()), 0.0)
             if loss_span:
                 # the last layer's transient less the loss's own (a gradient the size of
                 # its input, the logits): what its layer proper holds, after recomputing
@@ -571,7 +581,8 @@ class Profile:
         return rise
 
     def _backward_rise(self, first: int, cols: dict[str, np.ndarray],
-                       through: list[bool], loss_span: bool = False) -> np.ndarray:
+                       through: list[bool], loss_span: bool = False,
+                       recomputed: bool = False) -> np.ndarray:
         """Bytes above the backward's start that a span's backward holds while each of its
         layers runs (one value per layer, in the span's order; ``cols``: its columns at
         one size, ``through``: its Stash layers, :meth:`_stashes`), before what the layers
@@ -589,7 +600,9 @@ class Profile:
                                  after it: a new tensor the size of its input
 
         Measured, where the profile has the raw rises (``bwd_rise_bytes``: the output
-        gradient held; ``bwd_fed_rise_bytes``: it made anew and freed once used).  From
+        gradient held; ``bwd_fed_rise_bytes``: it made anew and freed once used).  After a
+        recomputation (``recomputed``) the last layer's saved output is a copy, freed in
+        its backward, where the profile held the one output.  From
         ``bwd_transient_bytes`` alone (older profiles): a layer's input gradient is counted
         where the profile saw its backward rise above it (the rise less the input gradient,
         floored at 0, cannot tell an input gradient the size of the whole rise from none),
@@ -607,6 +620,10 @@ class Profile:
                 # receives)
                 fed = j < last and first + j + 1 not in self._pops
                 own = cols["bwd_fed_rise_bytes"][j] if fed else cols["bwd_rise_bytes"][j]
+                if j == last and recomputed and not loss_span and cols["saved_output_bytes"][j]:
+                    # its saved output is the recomputation's copy, not the stage's output
+                    # the profile held: it goes in its backward (fed, less the gradient)
+                    own = min(own, cols["bwd_fed_rise_bytes"][j] - cols["output_bytes"][j])
                 if j == 0:  # less the stage's input gradient, as bwd_transient_bytes is
                     own -= cols["bwd_rise_bytes"][j] - cols["bwd_transient_bytes"][j]
                 if j == last and loss_span:  # less the logits' gradient

@@ -399,12 +399,18 @@ def test_a_checkpointed_backward_holds_its_recomputations_temporaries_only_while
         1300, cost.recompute_bytes + span.bwd_transient_bytes)
     # (the older estimate held the largest temporaries, 1000, through the whole backward)
     assert cost.bwd_transient_bytes < 1000
+    # torch.utils.checkpoint stops once the last saved tensor is made again: a last layer
+    # that saves nothing is not re-run, whatever its forward holds
+    t.loc[t.layer == 2, ["saved_bytes", "saved_input_bytes", "fwd_transient_bytes"]] = (
+        0, 0, 5000)
+    assert Profile(t, prof.meta).span_cost(0, 3, 1).recompute_rise_bytes == 1300
 
 
 def test_checkpointed_unet_stages_peak_as_measured():
-    # the recomputation's temporaries, the loss layer's input gradient, and the stage's
-    # input gradient made at the end: each stage's peak, where the recomputation ends and
-    # the backward proper begins (measured: first stages 8% over, loss stages 4% under)
+    # the recomputation's temporaries (and where it stops), the loss layer's input
+    # gradient, the stage's input gradient made at the end, the recomputed output freed
+    # in the last layer's backward: each stage's peak, where the recomputation ends and
+    # the backward proper begins (measured: first stages up to 8% over, loss stages 4% under)
     job = functools.partial(builtin_job, "unet", 32, depth=2, width=16, image_size=32)
     module, loss_fn, x, y = job()
     prof = profile(module, (x, y), [32], loss_fn=loss_fn, repeats=1, warmup=0, progress=False,
@@ -416,7 +422,7 @@ def test_checkpointed_unet_stages_peak_as_measured():
         predicted = metrics(simulate(prof, plan, cluster)).peak_memory_bytes
         measured = result.trace.meta["peak_memory"]
         for d in range(2):
-            assert predicted[f"cpu{d}"] == pytest.approx(measured[f"rank{d}"], rel=0.04), (
+            assert predicted[f"cpu{d}"] == pytest.approx(measured[f"rank{d}"], rel=0.02), (
                 plan.label(), d)
 
 
