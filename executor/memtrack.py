@@ -34,6 +34,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+#: a storage counted: (device, bytes, counted at, freed at or None, label)
+Storage = tuple[str, int, float, float | None, str]
+
 
 def _round(n: int, granularity: int) -> int:
     return -(-n // granularity) * granularity if n else 0
@@ -56,6 +59,9 @@ class Timeline:
         self.rows: list[tuple[float, str, int]] = []
         #: storages that went: (storage id, device, bytes, counted at, freed at)
         self.lives: list[tuple[int, str, int, float, float]] = []
+        #: what made each storage, where the tracker names it (``Tracker(..., label=True)``):
+        #: (storage id, counted at) -> the operator and its first output's shape
+        self.labels: dict[tuple[int, float], str] = {}
 
     def _change(self, device: str, delta: int) -> float:
         self.level[device] += delta
@@ -65,15 +71,27 @@ class Timeline:
         self.rows.append((now, device, self.level[device]))
         return now
 
-    def add(self, device: str, storage: torch.UntypedStorage) -> None:
-        """Count ``storage`` on ``device`` until it is freed (once, however often added)."""
+    def add(self, device: str, storage: torch.UntypedStorage, label: str = "") -> None:
+        """Count ``storage`` on ``device`` until it is freed (once, however often added);
+        ``label``: what made it, kept in :attr:`labels`."""
         key = storage._cdata
         with self._lock:
             if key in self._live:
                 return
             n = _round(storage.nbytes(), self.granularity)
             ref = weakref.ref(storage, functools.partial(self._dropped, key))
-            self._live[key] = (device, n, ref, self._change(device, n))
+            born = self._change(device, n)
+            self._live[key] = (device, n, ref, born)
+            if label:
+                self.labels[(key, born)] = label
+
+    def storages(self) -> list[Storage]:
+        """Every storage counted: ``(device, bytes, counted at, freed at or None, label)``,
+        in the order they were counted (call before :meth:`forget`)."""
+        with self._lock:
+            lives = self.lives + [(k, d, n, born, None) for k, (d, n, _, born) in self._live.items()]
+        return sorted(((d, n, born, freed, self.labels.get((k, born), ""))
+                       for k, d, n, born, freed in lives), key=lambda r: r[2])
 
     def _dropped(self, key: int, _ref: weakref.ref) -> None:
         self._free(key)
@@ -117,11 +135,13 @@ class Timeline:
 
 
 class Tracker(TorchDispatchMode):
-    """Adds to ``timeline`` (under ``device``) every new storage an op returns; see module."""
+    """Adds to ``timeline`` (under ``device``) every new storage an op returns; see module.
+    With ``label``, each is labelled with the operator that made it (a diagnosis: what is
+    alive at a peak, :meth:`Timeline.storages`)."""
 
-    def __init__(self, timeline: Timeline, device: str):
+    def __init__(self, timeline: Timeline, device: str, label: bool = False):
         super().__init__()
-        self.timeline, self.device = timeline, device
+        self.timeline, self.device, self.label = timeline, device, label
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -132,7 +152,8 @@ class Tracker(TorchDispatchMode):
             for t in outputs:
                 storage = t.untyped_storage()
                 if storage._cdata not in inputs and t.device.type != "meta":
-                    self.timeline.add(self.device, storage)
+                    self.timeline.add(self.device, storage,
+                                      f"{func} {tuple(t.shape)}" if self.label else "")
         return out
 
 

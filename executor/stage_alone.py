@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from executor.memtrack import Timeline, Tracker, held_tensors
+from executor.memtrack import Storage, Timeline, Tracker, held_tensors
 from executor.microbatch import scatter
 from executor.partition import split_module
 from executor.pipeline import stage_skips
@@ -95,12 +95,14 @@ class SynthTransport(Transport):
 def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch.Tensor,
                     targets: torch.Tensor, *, device: str | torch.device = "cpu",
                     loss_fn: Callable | None = None, schedule: Schedule | None = None,
-                    iterations: int = 2) -> dict[str, int]:
+                    iterations: int = 2, keep: list[list[Storage]] | None = None) -> dict[str, int]:
     """Peak bytes of ``stage`` run alone: ``allocated``/``reserved`` (CUDA allocator) or
     ``tracked`` (CPU: every tensor, :mod:`executor.memtrack`, parameters included).
 
     The stage's actions keep the order its device has in ``schedule``; the last iteration
-    is measured after the first warms the allocator up.
+    is measured after the first warms the allocator up.  With ``keep`` (CPU), the last
+    iteration's storages are appended to it, each labelled with the operator that made it
+    (:meth:`executor.memtrack.Timeline.storages`).
     """
     schedule = schedule or build_schedule(plan)
     device = torch.device(device)
@@ -112,7 +114,7 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
     part.to(device)
     try:
         return _measure_alone(module, plan, stage, part, schedule, shapes, inputs, targets,
-                              device, loss_fn, iterations)
+                              device, loss_fn, iterations, keep)
     finally:
         part.zero_grad(set_to_none=True)
         part.to(home)
@@ -121,7 +123,8 @@ def run_stage_alone(module: nn.Sequential, plan: Plan, stage: int, inputs: torch
 def _measure_alone(module: nn.Sequential, plan: Plan, stage: int, part: nn.Sequential,
                    schedule: Schedule, shapes: dict[tuple[int, str, int], Shape],
                    inputs: torch.Tensor, targets: torch.Tensor, device: torch.device,
-                   loss_fn: Callable | None, iterations: int) -> dict[str, int]:
+                   loss_fn: Callable | None, iterations: int,
+                   keep: list[list[Storage]] | None = None) -> dict[str, int]:
     actions = tuple(a for a in schedule.order[schedule.placement[stage]] if a.stage == stage)
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)
@@ -146,8 +149,10 @@ def _measure_alone(module: nn.Sequential, plan: Plan, stage: int, part: nn.Seque
             peaks = {"allocated": int(torch.cuda.max_memory_allocated(device)),
                      "reserved": int(torch.cuda.max_memory_reserved(device))}
         else:
-            with Tracker(timeline, "stage"):
+            with Tracker(timeline, "stage", label=keep is not None):
                 runner.run(actions, xs, ys)
             peaks = {"tracked": timeline.peak["stage"]}
+        if keep is not None and device.type != "cuda":
+            keep.append(timeline.storages())
         timeline.forget()
     return peaks

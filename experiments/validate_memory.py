@@ -20,6 +20,13 @@ device) from profiles taken again, without running the plans: memtrack's bytes d
 depend on timing, so a change to the memory model is checked against the same 312 peaks
 in seconds.  Prints median and max |error| per model and mode, as run and now; writes
 ``validation_memory_cpu_repredicted.csv``.
+
+    python experiments/validate_memory.py --lives "unet:gpipe [8,5] m=1 ckpt=always" --stage 0
+runs one stage of one grid plan alone (``executor.stage_alone``, its neighbours'
+tensors synthesised) under memtrack with every storage labelled by the operator that
+made it, and prints the changes of 64 KiB and more in time order with the level after
+each, and what is alive at the peak, beside the model's peak for that device: where a
+prediction is off, which tensor it is.  Writes ``memory_lives.csv``.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ import torch
 from executor.distributed import spawn_plans
 from executor.models import builtin_job
 from executor.profiler import profile
+from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine, write_results
 from experiments.validate import BATCH, MODELS
 from experiments.validation import TRANSIENTS, without_columns
@@ -50,6 +58,7 @@ from pipesim.compare import memory_shape
 from pipesim.plan import Plan
 from pipesim.plot import memory_stack
 from pipesim.profile import Profile
+from pipesim.schedule import build_schedule
 from pipesim.simulator import simulate
 from pipesim.trace import COMPUTE_KINDS, Trace, metrics
 
@@ -157,6 +166,49 @@ def repredict(models: list[str], source: Path = RESULTS / "validation_memory_cpu
                          "error_now_pct"]], {**machine(), "source": str(source)})
 
 
+def lives(spec: str, stage: int, threshold: int = 64 * 1024) -> pd.DataFrame:
+    """Every storage of ``stage`` of the plan ``spec`` (``"MODEL:LABEL"``, a plan of the
+    grid) run alone, labelled (see the module doc); prints the sequence and the peak."""
+    name, label = spec.split(":", 1)
+    prof = model_profile(name)
+    plans = {p.label(): p for p in grid(prof, False, name)}
+    if label not in plans:
+        raise ValueError(f"{label!r} is not a plan of {name}'s grid: {sorted(plans)}")
+    plan = plans[label]
+    module, loss_fn, x, y = builtin_job(name, BATCH, **MODELS[name])
+    kept: list = []
+    peak = run_stage_alone(module, plan, stage, x, y, loss_fn=loss_fn, iterations=1,
+                           keep=kept)["tracked"]
+    table = pd.DataFrame(kept[0], columns=["device", "bytes", "born", "freed", "label"])
+    origin = table.born.min()
+    table["born_ms"] = 1e3 * (table.born - origin)
+    table["freed_ms"] = 1e3 * (table.freed - origin)
+    events = pd.concat([table.assign(t=table.born_ms, delta=table.bytes),
+                        table.dropna(subset=["freed"]).assign(t=lambda d: d.freed_ms,
+                                                              delta=lambda d: -d.bytes)])
+    events = events.sort_values("t", kind="stable")
+    events["level"] = events.delta.cumsum()
+    at = float(events.t.iloc[int(events.level.to_numpy().argmax())])
+    predicted = predicted_peaks(prof, plan, Cluster.cpu_processes(DEVICES))[
+        build_schedule(plan).placement[stage]]
+    print(f"{name} {label}, stage {stage} alone: measured peak {peak / 1e6:.3f} MB at "
+          f"{at:.2f} ms; the model's for its device {predicted / 1e6:.3f} MB "
+          f"(the device's other stages included, where it has any)")
+    big = events[events.delta.abs() >= threshold]
+    print("changes of 64 KiB and more (ms, MB, level after, what made the storage):")
+    for r in big.itertuples():
+        print(f"  {r.t:9.2f} {r.delta / 1e6:+8.3f} {r.level / 1e6:8.3f}  {r.label}")
+    alive = table[(table.born_ms <= at) & ~(table.freed_ms <= at)]
+    print(f"alive at the peak, {len(alive)} storages, {alive.bytes.sum() / 1e6:.3f} MB; the "
+          f"largest:")
+    for r in alive.sort_values("bytes").tail(20).itertuples():
+        print(f"  {r.bytes / 1e6:8.3f} MB since {r.born_ms:9.2f} ms  {r.label or '(before)'}")
+    write_results("memory_lives", table.drop(columns=["born", "freed"]),
+                  {**machine(), "plan": spec, "stage": stage, "peak_bytes": peak,
+                   "predicted_device_peak_bytes": predicted})
+    return table
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="mlp,gpt,unet")
@@ -164,8 +216,14 @@ def main() -> None:
     ap.add_argument("--tag", default="", help="suffix of the results' names (a partial grid)")
     ap.add_argument("--repredict", action="store_true",
                     help="re-predict the committed run's peaks, running no plan")
+    ap.add_argument("--lives", metavar="MODEL:PLAN",
+                    help="one stage of one grid plan alone, every storage labelled")
+    ap.add_argument("--stage", type=int, default=0, help="the stage --lives runs")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.lives:
+        lives(args.lives, args.stage)
+        return
     if args.repredict:
         repredict(args.models.split(","))
         return

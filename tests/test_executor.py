@@ -273,6 +273,28 @@ def test_memory_tracker_sees_every_tensor_of_a_step():
     assert levels[-1] == timeline.level["d"] and max(levels) == timeline.peak["d"]
 
 
+def test_a_stage_alone_lists_every_storage_with_the_operator_that_made_it():
+    # what validate_memory.py --lives prints: the listing adds up to the peak measured
+    from executor.stage_alone import run_stage_alone
+
+    module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
+    plan = Plan([2, 2], 2, 8, checkpoint="always")
+    kept: list = []
+    peak = run_stage_alone(module, plan, 0, x, y, loss_fn=loss_fn, iterations=1,
+                           keep=kept)["tracked"]
+    storages = kept[0]
+    events = sorted([(born, n) for _, n, born, _, _ in storages]
+                    + [(freed, -n) for _, n, _, freed, _ in storages if freed is not None])
+    level = high = 0
+    for _, n in events:
+        level += n
+        high = max(high, level)
+    assert high == peak
+    made = [label for _, _, _, _, label in storages if label]
+    assert any(label.startswith("aten.addmm") for label in made)  # the Linear layers
+    assert all(label.startswith("aten.") for label in made)
+
+
 # ------------------------------------------------ long-lived workers, host columns
 def test_workers_are_the_same_threads_across_steps_and_close_cleanly():
     module, loss_fn, x, y = builtin_job("mlp", 8, **MLP)
