@@ -85,13 +85,18 @@ class Timeline:
             if label:
                 self.labels[(key, born)] = label
 
+    def _counted(self) -> list[tuple[int, str, int, float, float | None]]:
+        """Every storage counted, gone or alive: ``(id, device, bytes, counted at, freed
+        at or None)``."""
+        with self._lock:
+            return self.lives + [(k, d, n, born, None)
+                                 for k, (d, n, _, born) in self._live.items()]
+
     def storages(self) -> list[Storage]:
         """Every storage counted: ``(device, bytes, counted at, freed at or None, label)``,
         in the order they were counted (call before :meth:`forget`)."""
-        with self._lock:
-            lives = self.lives + [(k, d, n, born, None) for k, (d, n, _, born) in self._live.items()]
         return sorted(((d, n, born, freed, self.labels.get((k, born), ""))
-                       for k, d, n, born, freed in lives), key=lambda r: r[2])
+                       for k, d, n, born, freed in self._counted()), key=lambda r: r[2])
 
     def _dropped(self, key: int, _ref: weakref.ref) -> None:
         self._free(key)
@@ -112,10 +117,8 @@ class Timeline:
         """Levels ``(seconds, device, category, bytes)`` after each change, where
         ``classify(storage id, device, counted at, freed at or None)`` names each storage's
         category (call before :meth:`forget`, while the live storages are known)."""
-        with self._lock:
-            lives = self.lives + [(k, d, n, born, None) for k, (d, n, _, born) in self._live.items()]
         events = []
-        for key, device, n, born, freed in lives:
+        for key, device, n, born, freed in self._counted():
             category = classify(key, device, born, freed)
             events.append((born, 1, device, category, n))
             if freed is not None:

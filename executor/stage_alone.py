@@ -129,7 +129,7 @@ def _measure_alone(module: nn.Sequential, plan: Plan, stage: int, part: nn.Seque
     xs = scatter(inputs.to(device), plan)
     ys = scatter(targets.to(device), plan)
     peaks: dict[str, int] = {}
-    for _ in range(iterations):
+    for i in range(iterations):
         part.zero_grad(set_to_none=True)
         timeline = Timeline()
         timeline.add_existing("stage", held_tensors([part]))
@@ -152,7 +152,7 @@ def _measure_alone(module: nn.Sequential, plan: Plan, stage: int, part: nn.Seque
             with Tracker(timeline, "stage", label=keep is not None):
                 runner.run(actions, xs, ys)
             peaks = {"tracked": timeline.peak["stage"]}
-        if keep is not None and device.type != "cuda":
+        if keep is not None and device.type != "cuda" and i == iterations - 1:
             keep.append(timeline.storages())
         timeline.forget()
     return peaks
