@@ -439,7 +439,8 @@ class Profile:
             # made, at the first layer's backward, so what runs before (the recomputation,
             # the inner layers) holds that much less beside it
             early = float(cols["input_bytes"][0]) if raw and first > 0 else 0.0
-            forward_rise = self._forward_rise(cols, through)
+            own = self._own_saved(cols, through)
+            forward_rise = self._forward_rise(cols, through, own)
             fwd_transient = float(forward_rise.max())
             fwd_temp = float(cols["fwd_transient_bytes"].max())
             inside = forward_rise[:-1] if loss_span else forward_rise
@@ -452,7 +453,7 @@ class Profile:
             # (measured raw rises: a layer's saved input that its producer saved too goes
             # in the producer's backward, which the producer's rise is net of)
             freed_after = np.concatenate(
-                [np.cumsum((self._own_saved(cols, through) if raw else saved)[::-1])[::-1][1:],
+                [np.cumsum((own if raw else saved)[::-1])[::-1][1:],
                  [0.0]])
             net = self._backward_rise(first, cols, through, loss_span) - freed_after
             net[1:] -= early
@@ -553,11 +554,13 @@ class Profile:
         return own
 
     @classmethod
-    def _forward_rise(cls, cols: dict[str, np.ndarray], through: list[bool]) -> np.ndarray:
+    def _forward_rise(cls, cols: dict[str, np.ndarray], through: list[bool],
+                      own: np.ndarray) -> np.ndarray:
         """Bytes above the forward's start that a span's forward holds while each of its
         layers runs (one value per layer; ``cols``: the span's columns at one size,
-        ``through``: its Stash layers, :meth:`_stashes`), its inputs from other devices
-        aside (the simulator holds them as received)::
+        ``through``: its Stash layers, :meth:`_stashes`; ``own``: what each saves first,
+        :meth:`_own_saved`), its inputs from other devices aside (the simulator holds them
+        as received)::
 
             layer i's forward:  kept by layers before i    (saved, each tensor once:
                                                             :meth:`_own_saved`)
@@ -571,7 +574,7 @@ class Profile:
         joined to its input), and the layer after it saves it: inside the span, not the
         received buffer."""
         saved, s_in, s_out = cols["saved_bytes"], cols["saved_input_bytes"], cols["saved_output_bytes"]
-        kept = np.concatenate([[0.0], np.cumsum(cls._own_saved(cols, through))[:-1]])
+        kept = np.concatenate([[0.0], np.cumsum(own)[:-1]])
         rise = np.zeros(len(saved))
         for j, p in enumerate(cls._producers(through)):
             loose = 0.0 if p < 0 or through[p] or s_out[p] > 0 else cols["input_bytes"][j]
