@@ -39,6 +39,11 @@ class StageCost:
     #: input gradient): temporaries, weight gradients being formed; 0 if not profiled
     fwd_transient_bytes: float = 0.0
     bwd_transient_bytes: float = 0.0
+    #: ``bwd_transient_bytes`` of a stage's first backward, whose weight gradients stay
+    #: (allocated layer by layer along ``backward_walk``, beside it): such that the flat
+    #: transient and the walk's gradients and frees peak where the layers' rises with the
+    #: gradients walked so far do (:attr:`pipesim.profile.LayerCost.bwd_first_rise_bytes`)
+    bwd_first_transient_bytes: float = 0.0
     #: freed as the backward starts, before anything else: on a checkpointed stage that
     #: ends in the loss, what the loss saved (the loss runs outside the checkpoint, so its
     #: backward comes first and frees them before the recomputation)
@@ -142,6 +147,11 @@ class PlanCosts:
                         # temporaries), the backward proper's is all of them + its own
                         bwd_transient_bytes=(
                             _checkpointed_transient(span, recomputed) if ckpt else span.bwd_transient_bytes),
+                        bwd_first_transient_bytes=_first_transient(
+                            span, recomputed, ckpt, walk,
+                            recomputed + (span.output_bytes if ckpt else internal)
+                            - (span.output_bytes if ckpt and loss_stage else 0.0),
+                            span.output_bytes if loss_stage and not ckpt else 0.0),
                         fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
                         backward_walk=walk,
                         recompute_walk=_recompute_walk(profile, layers.start, layers.stop, size,
@@ -213,6 +223,36 @@ def _checkpointed_transient(span: LayerCost, recomputed: float) -> float:
     the backward proper: the larger one layer's temporaries hold only while the forward's
     activations are not all there yet."""
     return max(span.bwd_transient_body_bytes, span.recompute_rise_bytes - recomputed, 0.0)
+
+
+def _first_transient(span: LayerCost, recomputed: float, ckpt: bool,
+                     walk: tuple[tuple[float, float, float, float], ...],
+                     release: float, loss_grad: float) -> float:
+    """:attr:`StageCost.bwd_first_transient_bytes`: a stage's first backward holds its
+    weight gradients as they are made, layer by layer, and they stay.  The simulator adds
+    them along ``walk`` as each layer starts, and frees ``release`` bytes (the stash and
+    the recomputed activations) as each ends, beside a flat transient (and a plain loss
+    stage's ``loss_grad`` through the first layer walked); so the transient is the true
+    peak less the most the walk holds above its start::
+
+        true peak       max_j(rise_j + grads of the layers walked before j)
+                        (checkpointed: the recomputation's peak, or the recomputed
+                        activations + that after recomputing)
+        simulated       transient + max_i(grads walked through i - bytes freed before i)
+
+    Where the largest layer's gradients were taken off instead, a loss layer's peak, which
+    holds no weight gradient (its loss's gradients come first), came out a block's
+    gradients short (GPT's loss stage 2% under)."""
+    if ckpt:
+        peak = max(span.bwd_first_body_bytes, span.recompute_rise_bytes - recomputed)
+    else:
+        peak = span.bwd_first_rise_bytes
+    grads = freed = held = 0.0
+    for i, (_, _, grad_share, saved_share) in enumerate(walk or ((0.0, 1.0, 1.0, 1.0),)):
+        grads += span.param_bytes * grad_share
+        held = max(held, grads - freed + (loss_grad if i == 0 else 0.0))
+        freed += release * saved_share
+    return max(peak - held, 0.0)
 
 
 def _backward_walk(profile: Profile, first: int, stop: int, size: float,

@@ -96,9 +96,9 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
                 bytes when a gradient arrives; freed at the end of B(s, m); skips and
                 their gradients alike (see pipesim.steps.StepBuilder.with_skips)
     transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
-                the input gradient being produced, the loss gradient on the last stage,
-                and the backward's own temporaries and weight gradients being formed
-                (``bwd_transient_bytes``)
+                the input gradient being produced, the loss gradient on the last stage
+                (to the end of its last layer's backward), and the backward's own
+                temporaries and weight gradients being formed (``bwd_transient_bytes``)
     sent        with Cluster.sender_keeps_sends, what a worker sends to another device
                 lives on to the step's end (one storage held once)
 
@@ -475,6 +475,11 @@ class _Run:
                 for t1, share in step.recompute_walk:
                     deltas.append((device, start + r_span * t1, step.recompute_bytes * share,
                                    ACTIVATIONS))
+            if track and step.loss_grad_bytes:
+                # the loss's gradient goes as the stage's last layer's backward ends
+                first_end = step.walk[0][1] if step.walk else 1.0
+                deltas.append((device, r_end + (end - r_end) * first_end,
+                               -step.loss_grad_bytes, TEMPORARIES))
             if track and (step.release or step.grads):
                 # the backward proper walks back through the stage's layers: each layer's
                 # weight gradients appear as its backward starts (a stage's first backward

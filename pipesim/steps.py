@@ -86,6 +86,10 @@ class Step(NamedTuple):
     #: its worker shares its process by pairs (:attr:`pipesim.cluster.Cluster.thread_pairs`)
     pair_kind: str = ""
     pair_row: tuple[float, ...] = ()
+    #: a loss stage's full backward: the loss's gradient (the size of the logits), made
+    #: at its start and freed as its last layer's backward ends (the walk's first layer),
+    #: not held through the layers before it
+    loss_grad_bytes: float = 0.0
     #: the slowdowns of its worker's gap before it (the executor's Python, taken as a
     #: forward's) beside each pass, where the gaps hold the interpreter
     #: (:attr:`pipesim.cluster.Cluster.gaps_hold_interpreter`) and the worker shares its
@@ -213,9 +217,8 @@ class StepBuilder:
         # which stay, and its new weight gradients are them (not temporaries beside them);
         # later ones form weight gradients in temporaries before adding them
         grads = c.param_bytes if first_backward else 0.0
-        # (layer by layer: at its worst, one layer's new gradients are such temporaries)
-        largest = grads * max((share for _, _, share, _ in c.backward_walk), default=1.0)
-        transient = max(c.bwd_transient_bytes - largest, 0.0)
+        # (so its transient is the one beside them, StageCost.bwd_first_transient_bytes)
+        transient = c.bwd_first_transient_bytes if first_backward else c.bwd_transient_bytes
         # Freed at the end of the backward (of W when split): stash, recomputed
         # activations, loss gradient, the received activation (another device's) and the
         # received gradient.  The input gradient lives on: handed to stage s-1 on this
@@ -266,7 +269,8 @@ class StepBuilder:
         else:
             seconds = c.bwd_s + recompute + overhead
             alloc_start = parts(*gradient_start, (TEMPORARIES, transient))
-            alloc_end = parts(*freed)
+            # (the loss's gradient goes as the last layer's backward ends: the walk)
+            alloc_end = parts(*freed, (TEMPORARIES, loss_grad))
         if kind == BACKWARD and placed is not None:
             # its cost in place, the recomputation its profiled share of it
             recompute *= placed[1] / seconds if seconds > 0 else 1.0
@@ -313,7 +317,8 @@ class StepBuilder:
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
                      engine_hooks_s=hooks,
                      host_slowdown=slow, idle_curve=idle, gap_s=gap,
-                     issue_s=0.0 if measured is not None else engine)
+                     issue_s=0.0 if measured is not None else engine,
+                     loss_grad_bytes=loss_grad if kind == BACKWARD else 0.0)
 
     def idle_curve(self, stage: int, mb: int, kind: str) -> tuple[tuple[float, float], ...]:
         """What ``stage``'s ``kind`` action at micro-batch ``mb`` costs more (less: below 0)

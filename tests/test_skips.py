@@ -371,6 +371,24 @@ def test_a_loss_layer_whose_rise_is_its_input_gradient_holds_it():
     assert older.span_cost(0, 2, 1).bwd_transient_bytes == 0
 
 
+def test_a_first_backward_peaking_in_its_loss_holds_no_other_layers_gradients():
+    # a stage's first backward makes its weight gradients, which stay, layer by layer.
+    # Its loss layer, walked first, peaks with its loss's gradients (6000 a sample) beside
+    # its own 50 bytes of gradients, before the layer before it makes any: two such stages
+    # whose first layers differ only in parameters (3000 or 50, the rise forming them as
+    # temporaries alike) peak that far apart, the parameters alone.  (Taking the largest
+    # layer's gradients off the transient, the model was GPT's loss stage 2% under.)
+    def first_backward_peak(inner: int) -> float:
+        prof = _with_raw_rises(synthetic_profile(2, sizes=(1,), act_bytes=100), loss_rise=6000)
+        t = prof.table.copy()
+        t["param_bytes"] = [inner, 50]
+        t.loc[0, ["bwd_rise_bytes", "bwd_fed_rise_bytes", "bwd_transient_bytes"]] += inner
+        trace = simulate(Profile(t, prof.meta), Plan([2], 1, 1, checkpoint="never"))
+        return metrics(trace).peak_memory_bytes["dev0"]
+
+    assert first_backward_peak(3000) - first_backward_peak(50) == 2950
+
+
 def test_an_inner_layer_holds_its_output_gradient_and_not_yet_the_stages_input_gradient():
     prof = _with_raw_rises(synthetic_profile(3, sizes=(1,), act_bytes=100))
     # layers 1..2 after a stage boundary: layer 2 (walked first) holds its input gradient
