@@ -23,8 +23,16 @@ them, are compared with the tensors alone.  A second table compares
 the CPU profile's byte columns with the GPU profile recorded beside the traces, layer by
 layer: where they differ, the kernels do.
 
-    python experiments/memory_evidence.py [--evidence DIR]
-Writes experiments/results/memory_evidence.csv and memory_evidence_bytes.csv.
+With ``--grid``, every gpt plan of that 2026-11-23 grid (120: fp32 and bf16) is
+predicted again the same way: the grid's own H100 profile (its seconds, so the two
+stages' memory overlaps as they ran) with the byte columns of the CPU profile, which
+carry the raw backward rises the H100 profile predates (``bwd_rise_bytes``,
+``bwd_fed_rise_bytes``), against the plan's own allocator peak
+(``memory_evidence_grid.csv``): the memory model of today on the GPU grid, without a GPU.
+
+    python experiments/memory_evidence.py [--evidence DIR] [--grid]
+Writes experiments/results/memory_evidence.csv and memory_evidence_bytes.csv (and
+memory_evidence_grid.csv).
 """
 
 from __future__ import annotations
@@ -90,17 +98,64 @@ def cpu_profile(dtype: str) -> Profile:
                    progress=False, checkpointed=False, meta={"model": "gpt", **GPT})
 
 
+#: the byte columns a CPU profile lends a GPU profile of the same model (bytes do not
+#: depend on the device where the kernels agree: ``memory_evidence_bytes.csv``)
+LENT_COLUMNS = ("input_bytes", "output_bytes", "saved_bytes", "saved_input_bytes",
+                "saved_output_bytes", "fwd_transient_bytes", "bwd_transient_bytes",
+                "bwd_rise_bytes", "bwd_fed_rise_bytes")
+
+
+def with_bytes_of(timed: Profile, sized: Profile) -> Profile:
+    """``timed`` (its seconds) with the byte columns of ``sized`` (:data:`LENT_COLUMNS`),
+    read at each of ``timed``'s sizes (bytes are linear in the micro-batch size: a CPU
+    profile at 1 and 2 samples extrapolates exactly)."""
+    table = timed.table.copy()
+    for column in LENT_COLUMNS:
+        if column in sized.table.columns:
+            table[column] = [float(sized.at(int(r.layer), float(r.micro_batch),
+                                            extrapolate=True)[column])
+                             for r in table.itertuples()]
+    return Profile(table, timed.meta, timed.source)
+
+
+def grid_cases(prof: Profile, dtype: str) -> pd.DataFrame:
+    """Every gpt plan of the 2026-11-23 H100 grid in ``dtype`` predicted with the grid's
+    profile lent ``prof``'s bytes (:func:`with_bytes_of`), beside its allocator peak and
+    the peak that grid's own profile predicts today (see the module doc)."""
+    from experiments.repredict_evidence import _gpu_plans
+
+    rows = []
+    for model, kind, gpu_profile, cluster, plan, r in _gpu_plans(LATEST_GPU):
+        if model != "gpt" or kind != dtype:
+            continue
+        lent = with_bytes_of(gpu_profile, prof)
+        batch_bytes = 2 * BATCH * GPT["seq_len"] * 8  # token ids and targets, int64
+        peaks = {name: sum(metrics(simulate(p, plan, cluster)).peak_memory_bytes.values())
+                 + batch_bytes for name, p in (("lent", lent), ("own", gpu_profile))}
+        rows.append({"dtype": dtype, "plan": plan.label(), "measured_bytes": r.peak_meas_bytes,
+                     "predicted_bytes": peaks["lent"],
+                     "error_pct": 100 * (peaks["lent"] / r.peak_meas_bytes - 1),
+                     "predicted_own_profile_bytes": peaks["own"],
+                     "error_own_profile_pct": 100 * (peaks["own"] / r.peak_meas_bytes - 1)})
+    return pd.DataFrame(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--evidence", type=Path, default=EVIDENCE)
+    ap.add_argument("--grid", action="store_true",
+                    help="also every gpt plan of the 2026-11-23 H100 grid (see the module doc)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     records = cases(args.evidence)
+    grid_rows = []
     batch_bytes = 2 * BATCH * GPT["seq_len"] * 8  # token ids and targets, int64
     rows, byte_rows = [], []
     for dtype in ("float32", "bfloat16"):
         prof = cpu_profile(dtype)
         without = without_columns(prof, TRANSIENTS)
+        if args.grid:
+            grid_rows.append(grid_cases(prof, dtype))
         for r in (r for r in records if r["dtype"] == dtype):
             plan = parse_plan(r["plan"])
             cluster = Cluster.shared_gpu(2)
@@ -161,6 +216,17 @@ def main() -> None:
     print(f"all 14: median |error| {err.median():.1f}%, max {err.max():.1f}% (the tensors "
           f"alone, no workspaces: {table.error_tensors_only_pct.abs().median():.1f}% / "
           f"{table.error_tensors_only_pct.abs().max():.1f}%)")
+    if grid_rows:
+        grid = pd.concat(grid_rows, ignore_index=True)
+        write_results("memory_evidence_grid", grid, {"grid": str(LATEST_GPU)})
+        for dtype, part in grid.groupby("dtype"):
+            print(f"the H100 grid's gpt {dtype} ({len(part)} plans), lent the CPU profile's "
+                  f"bytes: median |error| {part.error_pct.abs().median():.2f}%, max "
+                  f"{part.error_pct.abs().max():.1f}% (its own profile's bytes: "
+                  f"{part.error_own_profile_pct.abs().median():.2f}% / "
+                  f"{part.error_own_profile_pct.abs().max():.1f}%)")
+        worst = grid.reindex(grid.error_pct.abs().sort_values().index[-6:])
+        print(worst.round(2).to_string(index=False))
     today = table.error_vs_today_pct.dropna().abs()
     if len(today):
         offsets = table.recorded_minus_today_MiB.round(3).value_counts()
