@@ -102,6 +102,14 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
     sent        with Cluster.sender_keeps_sends, what a worker sends to another device
                 lives on to the step's end (one storage held once)
 
+On an accelerator an action's changes run along its host's issue, its host's share of the
+action (the caching allocator counts from the call that makes a tensor to its release on
+the host, not along the kernels): a device-bound backward frees early::
+
+    device   B(s, m) |=============================|
+    host     issue   |=======|                          (host_bwd_s of its seconds)
+    memory   walk    |+grads -saved|                    all of it done here
+
 Each iteration's backward::
 
     B(s, m) on a stage of layers a..c, checkpointed:
@@ -327,7 +335,8 @@ class _Run:
         # micro-batch whose backward is split: Cluster.receives_after_inputs)
         split = sim.steps.split if ahead and sim.cluster.receives_after_inputs else None
         # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
-        issue_ahead = sim.cluster.issue_ahead and sim.cluster.devices[w].on_accelerator
+        accelerator = sim.cluster.devices[w].on_accelerator
+        issue_ahead = sim.cluster.issue_ahead and accelerator
         issued = [0.0]  # when the action's host-side work (engine, interpreter) was done
 
         def note(_event: simpy.Event) -> None:
@@ -465,27 +474,39 @@ class _Run:
             # the recomputation's end: as timed, else its share of the action (none: start)
             r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s
                      else start + (end - start) * step.recompute_s / step.seconds)
+            # An accelerator's allocator counts a tensor from the host's call that makes it
+            # to the host's release of it (stream-ordered reuse), not along the kernels: an
+            # action's memory changes run along its host's issue -- its host's share of the
+            # action (stretched as the action is: sharing the device slows a launch-bound
+            # host as much as its kernels), all of a launch-bound action, the start of a
+            # device-bound one (two stage threads' checkpointed backwards then hold their
+            # recomputed activations one after the other, as measured)
+            mem_end, mem_r_end = end, r_end
+            if accelerator and 0 < step.issue_s < step.seconds:
+                shrink = step.issue_s / step.seconds
+                mem_end = start + (end - start) * shrink
+                mem_r_end = start + (r_end - start) * shrink
             if track:
                 for category, nbytes in step.alloc_end:
-                    deltas.append((device, end, nbytes, category))
+                    deltas.append((device, mem_end, nbytes, category))
             if track and step.recompute_bytes:
                 # the recomputation re-runs the forward: each layer's saved tensors exist from
                 # the end of its re-run (StageCost.recompute_walk)
-                r_span = r_end - start
+                r_span = mem_r_end - start
                 for t1, share in step.recompute_walk:
                     deltas.append((device, start + r_span * t1, step.recompute_bytes * share,
                                    ACTIVATIONS))
             if track and step.loss_grad_bytes:
                 # the loss's gradient goes as the stage's last layer's backward ends
                 first_end = step.walk[0][1] if step.walk else 1.0
-                deltas.append((device, r_end + (end - r_end) * first_end,
+                deltas.append((device, mem_r_end + (mem_end - mem_r_end) * first_end,
                                -step.loss_grad_bytes, TEMPORARIES))
             if track and (step.release or step.grads):
                 # the backward proper walks back through the stage's layers: each layer's
                 # weight gradients appear as its backward starts (a stage's first backward
                 # allocates them), its saved activations go as it ends (StageCost.backward_walk)
-                back = r_end
-                span = end - back
+                back = mem_r_end
+                span = mem_end - back
                 for t0, t1, grad_share, saved_share in step.walk:
                     if step.grads and grad_share:
                         deltas.append((device, back + span * t0, step.grads * grad_share,
