@@ -486,7 +486,7 @@ def in_place_costs(folder: Path) -> dict[str, list[dict]]:
     return pooled
 
 
-def gpu_memory(folder: Path = LATEST_GPU) -> pd.DataFrame:
+def gpu_memory(folder: Path = LATEST_GPU, source: str = "gpu_results") -> pd.DataFrame:
     """Peak allocated of the one GPU (both stages, the caller's batch included) predicted
     for every plan of the grid in ``folder``, beside the allocator's peak and the
     prediction made as it ran.  (Not for the evidence's grid: that executor measured
@@ -494,7 +494,7 @@ def gpu_memory(folder: Path = LATEST_GPU) -> pd.DataFrame:
     rows = []
     for model, dtype, profile, cluster, plan, r in _gpu_plans(folder):
         peak = sum(metrics(simulate(profile, plan, cluster)).peak_memory_bytes.values())
-        rows.append({"source": "gpu_results", "model": model, "dtype": dtype,
+        rows.append({"source": source, "model": model, "dtype": dtype,
                      "plan": plan.label(), "peak_pred_bytes": peak + _batch_bytes(model, dtype),
                      "peak_meas_bytes": r.peak_meas_bytes,
                      "peak_pred_bytes_as_run": r.peak_pred_bytes})
@@ -610,8 +610,11 @@ def main() -> None:
     with pd.option_context("display.width", 160, "display.max_rows", 200):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     meta = {"evidence": str(args.evidence), "variants": list(VARIANTS)}
-    if "gpu_results" in args.sources.split(","):
-        memory = gpu_memory()
+    grids = [g for g in (("gpu_results", LATEST_GPU), ("h200_grid", H200_GRID))
+             if g[0] in args.sources.split(",")]
+    if grids:
+        memory = pd.concat([gpu_memory(folder, name) for name, folder in grids],
+                           ignore_index=True)
         for col, label in (("peak_pred_bytes_as_run", "as run"), ("peak_pred_bytes", "today")):
             err = 100 * (memory[col] / memory.peak_meas_bytes - 1)
             memory[f"error_{col}_pct"] = err
