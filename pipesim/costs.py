@@ -16,6 +16,9 @@ from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
 from pipesim.profile import LayerCost, Profile
 
+#: a backward in one part (no per-layer walk known): gradients at its start, frees at its end
+WHOLE = ((0.0, 1.0, 1.0, 1.0),)
+
 
 @dataclass(frozen=True)
 class StageCost:
@@ -97,6 +100,12 @@ class StageCost:
     #: :meth:`pipesim.profile.Profile.engine_interpreter_share`
     engine_interpreter_share: float = 0.0
 
+    @property
+    def released_bytes(self) -> float:
+        """Bytes the backward frees as it walks back through the stage's layers: its
+        stash and recomputed activations, less what the loss saved, freed first."""
+        return self.recompute_bytes + self.keep_bytes - self.freed_first_bytes
+
 
 class PlanCosts:
     """``cost(stage, microbatch)`` for a Plan on a Profile, at the real micro-batch sizes."""
@@ -147,11 +156,6 @@ class PlanCosts:
                         # temporaries), the backward proper's is all of them + its own
                         bwd_transient_bytes=(
                             _checkpointed_transient(span, recomputed) if ckpt else span.bwd_transient_bytes),
-                        bwd_first_transient_bytes=_first_transient(
-                            span, recomputed, ckpt, walk,
-                            recomputed + (span.output_bytes if ckpt else internal)
-                            - (span.output_bytes if ckpt and loss_stage else 0.0),
-                            span.output_bytes if loss_stage and not ckpt else 0.0),
                         fwd_transient_bytes=span.fwd_temp_bytes if ckpt else span.fwd_transient_bytes,
                         backward_walk=walk,
                         recompute_walk=_recompute_walk(profile, layers.start, layers.stop, size,
@@ -172,6 +176,10 @@ class PlanCosts:
                         bwd_weight_s=span.bwd_weight_s,
                         w_pending_bytes=span.w_pending_bytes,
                     )
+                    cost = cache[key]
+                    cache[key] = dataclasses.replace(cost, bwd_first_transient_bytes=(
+                        _first_transient(span, cost, ckpt,
+                                         span.output_bytes if loss_stage and not ckpt else 0.0)))
                 row.append(cache[key])
             self._table.append(row)
 
@@ -225,15 +233,14 @@ def _checkpointed_transient(span: LayerCost, recomputed: float) -> float:
     return max(span.bwd_transient_body_bytes, span.recompute_rise_bytes - recomputed, 0.0)
 
 
-def _first_transient(span: LayerCost, recomputed: float, ckpt: bool,
-                     walk: tuple[tuple[float, float, float, float], ...],
-                     release: float, loss_grad: float) -> float:
-    """:attr:`StageCost.bwd_first_transient_bytes`: a stage's first backward holds its
-    weight gradients as they are made, layer by layer, and they stay.  The simulator adds
-    them along ``walk`` as each layer starts, and frees ``release`` bytes (the stash and
-    the recomputed activations) as each ends, beside a flat transient (and a plain loss
-    stage's ``loss_grad`` through the first layer walked); so the transient is the true
-    peak less the most the walk holds above its start::
+def _first_transient(span: LayerCost, cost: StageCost, ckpt: bool, loss_grad: float) -> float:
+    """:attr:`StageCost.bwd_first_transient_bytes` of ``cost``: a stage's first backward
+    holds its weight gradients as they are made, layer by layer, and they stay.  The
+    simulator adds them along the backward's walk as each layer starts, and frees the
+    stash and the recomputed activations (:attr:`StageCost.released_bytes`) as each ends,
+    beside a flat transient (and a plain loss stage's ``loss_grad`` through the first
+    layer walked); so the transient is the true peak less the most the walk holds above
+    its start::
 
         true peak       max_j(rise_j + grads of the layers walked before j)
                         (checkpointed: the recomputation's peak, or the recomputed
@@ -244,14 +251,15 @@ def _first_transient(span: LayerCost, recomputed: float, ckpt: bool,
     holds no weight gradient (its loss's gradients come first), came out a block's
     gradients short (GPT's loss stage 2% under)."""
     if ckpt:
-        peak = max(span.bwd_first_body_bytes, span.recompute_rise_bytes - recomputed)
+        peak = max(span.bwd_first_body_bytes, span.recompute_rise_bytes - cost.recompute_bytes)
     else:
         peak = span.bwd_first_rise_bytes
     grads = freed = held = 0.0
-    for i, (_, _, grad_share, saved_share) in enumerate(walk or ((0.0, 1.0, 1.0, 1.0),)):
-        grads += span.param_bytes * grad_share
+    walk = cost.backward_walk or WHOLE
+    for i, (_, _, grad_share, saved_share) in enumerate(walk):
+        grads += cost.param_bytes * grad_share
         held = max(held, grads - freed + (loss_grad if i == 0 else 0.0))
-        freed += release * saved_share
+        freed += cost.released_bytes * saved_share
     return max(peak - held, 0.0)
 
 

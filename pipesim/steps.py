@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from pipesim.cluster import FREE, Cluster
-from pipesim.costs import PlanCosts, StageCost
+from pipesim.costs import WHOLE, PlanCosts, StageCost
 from pipesim.errors import ScheduleError
 from pipesim.plan import Plan
 from pipesim.profile import Profile
@@ -112,10 +112,6 @@ def parts(*pairs: tuple[int, float]) -> Parts:
     for category, nbytes in pairs:
         out[category] = out.get(category, 0.0) + nbytes
     return tuple((c, v) for c, v in out.items() if v)
-
-
-#: a backward in one part (no per-layer walk known): gradients at its start, frees at its end
-WHOLE = ((0.0, 1.0, 1.0, 1.0),)
 
 
 class Send(NamedTuple):
@@ -225,7 +221,7 @@ class StepBuilder:
         # device, or freed when its send ends.  The stash and the recomputed activations go
         # as the backward walks back -- but not an output sent to another device whose
         # sender keeps its sends to the step's end.
-        release = c.recompute_bytes + c.keep_bytes - c.freed_first_bytes
+        release = c.released_bytes
         if self.cluster.sender_keeps_sends and s < n - 1 and self._crosses(s + 1, device):
             release -= c.output_bytes
         # (the gradient received from stage s+1: a buffer from another device, or its input
