@@ -51,7 +51,7 @@ import torch
 from executor.models import builtin_job
 from executor.profiler import profile
 from experiments.common import write_results
-from experiments.repredict_evidence import EVIDENCE, LATEST_GPU
+from experiments.repredict_evidence import EVIDENCE, LATEST_GPU, _batch_bytes, _gpu_plans
 from experiments.validation import TRANSIENTS, without_columns
 from pipesim.allocator import CUDA_H100, allocated_peaks
 from pipesim.cluster import Cluster
@@ -122,16 +122,15 @@ def grid_cases(prof: Profile, dtype: str) -> pd.DataFrame:
     """Every gpt plan of the 2026-11-23 H100 grid in ``dtype`` predicted with the grid's
     profile lent ``prof``'s bytes (:func:`with_bytes_of`), beside its allocator peak and
     the peak that grid's own profile predicts today (see the module doc)."""
-    from experiments.repredict_evidence import _gpu_plans
-
     rows = []
+    lent: Profile | None = None
     for model, kind, gpu_profile, cluster, plan, r in _gpu_plans(LATEST_GPU):
         if model != "gpt" or kind != dtype:
             continue
-        lent = with_bytes_of(gpu_profile, prof)
-        batch_bytes = 2 * BATCH * GPT["seq_len"] * 8  # token ids and targets, int64
+        if lent is None:  # (one profile serves the grid's plans)
+            lent = with_bytes_of(gpu_profile, prof)
         peaks = {name: sum(metrics(simulate(p, plan, cluster)).peak_memory_bytes.values())
-                 + batch_bytes for name, p in (("lent", lent), ("own", gpu_profile))}
+                 + _batch_bytes(model, dtype) for name, p in (("lent", lent), ("own", gpu_profile))}
         rows.append({"dtype": dtype, "plan": plan.label(), "measured_bytes": r.peak_meas_bytes,
                      "predicted_bytes": peaks["lent"],
                      "error_pct": 100 * (peaks["lent"] / r.peak_meas_bytes - 1),
@@ -149,13 +148,13 @@ def main() -> None:
     torch.set_num_threads(2)
     records = cases(args.evidence)
     grid_rows = []
-    batch_bytes = 2 * BATCH * GPT["seq_len"] * 8  # token ids and targets, int64
     rows, byte_rows = [], []
     for dtype in ("float32", "bfloat16"):
         prof = cpu_profile(dtype)
         without = without_columns(prof, TRANSIENTS)
         if args.grid:
             grid_rows.append(grid_cases(prof, dtype))
+        batch_bytes = _batch_bytes("gpt", dtype)  # token ids and targets, int64
         for r in (r for r in records if r["dtype"] == dtype):
             plan = parse_plan(r["plan"])
             cluster = Cluster.shared_gpu(2)

@@ -488,15 +488,14 @@ class Profile:
             # layer j (those after it) stay beside its rise (its own are in the rise,
             # where its peak held them, as temporaries or as .grad alike)
             before = np.cumsum(cols["param_bytes"][::-1])[::-1] - cols["param_bytes"]
-            # (the loss's gradient beside the last layer's, as the simulator holds it)
-            logits = np.zeros(len(net))
-            logits[-1] = cols["output_bytes"][-1] if loss_span else 0.0
-            first_rise = max(float((net + before + logits).max()), 0.0)
+            first_peaks = net + before
+            if loss_span:  # (the loss's gradient beside the last layer's, as simulated)
+                first_peaks[-1] += cols["output_bytes"][-1]
+            first_rise = max(float(first_peaks.max()), 0.0)
             first_body = max(float((body + before).max()), 0.0)
             if loss_span:
                 # (what stays of the loss layer's own is at least its weight gradients
                 # being formed: a backward but the stage's first forms them beside .grad)
-                body = body.copy()
                 body[-1] = max(body[-1], cols["param_bytes"][-1])
             bwd_body = max(float(body.max()), 0.0)
         weighted = cols["param_bytes"] > 0

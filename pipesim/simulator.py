@@ -482,7 +482,7 @@ class _Run:
             # device-bound one (two stage threads' checkpointed backwards then hold their
             # recomputed activations one after the other, as measured)
             mem_end, mem_r_end = end, r_end
-            if accelerator and 0 < step.issue_s < step.seconds:
+            if track and accelerator and 0 < step.issue_s < step.seconds:
                 shrink = step.issue_s / step.seconds
                 mem_end = start + (end - start) * shrink
                 mem_r_end = start + (r_end - start) * shrink
@@ -498,7 +498,7 @@ class _Run:
                                    ACTIVATIONS))
             if track and step.loss_grad_bytes:
                 # the loss's gradient goes as the stage's last layer's backward ends
-                first_end = step.walk[0][1] if step.walk else 1.0
+                first_end = step.walk[0][1]
                 deltas.append((device, mem_r_end + (mem_end - mem_r_end) * first_end,
                                -step.loss_grad_bytes, TEMPORARIES))
             if track and (step.release or step.grads):
