@@ -260,6 +260,11 @@ def main() -> None:
                      "scaling_law": (Profile(prof.table, scaling), placed),
                      "threads_interpreter": (Profile(prof.table, scaling), threads),
                      "threads_no_hooks": (Profile(prof.table, no_hooks), threads),
+                     # (and a recomputation taking turns on autograd's thread with the
+                     # other backwards' nodes, not that thread to itself: the ablation of
+                     # Cluster.recompute_holds_engine)
+                     "threads_recompute_turns": (Profile(prof.table, scaling), dataclasses.replace(
+                         threads, recompute_holds_engine=False)),
                      "threads_issue_ahead": (Profile(prof.table, scaling),
                                              dataclasses.replace(threads, issue_ahead=True)),
                      # (and the executor's gaps between actions holding the interpreter:

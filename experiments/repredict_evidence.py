@@ -120,6 +120,10 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
         (_with_autograd_nodes(_with_host_shares(_without_law(p), launch_bound=0.9)),
          _threads(c))
         if "host_fwd_s" in p.table and "ckpt_fwd_s" in p.table and _on_gpu(c) else None),
+    # threads_node_order with a recomputation taking turns on autograd's thread beside the
+    # other thread's backward nodes (its recomputation included), as before 2026-11-28:
+    # the ablation of Cluster.recompute_holds_engine, on in every threads_* variant
+    "threads_recompute_turns": lambda p, c: _node_order_with(p, c, recompute_holds_engine=False),
     # threads_node_order, and each worker's host going on once it has issued an action
     # (its measured host seconds; a backward's, autograd's thread issuing it): the gap to
     # its next action hides behind the device's work where the host is ahead

@@ -126,6 +126,7 @@ class ProcessorSharing:
         self.work: dict[simpy.Event, float] = {}
         self.slowdown: dict[simpy.Event, float] = {}
         self.priority: dict[simpy.Event, float] = {}
+        self.paused = 0  # while above 0 nothing progresses (see pause)
         self.last = 0.0
         self.timer = 0  # generation of the pending timer: older ones are ignored
 
@@ -133,6 +134,8 @@ class ProcessorSharing:
         """Each running action's rate: the law's, over its slowdown, while shared; 0
         while an action of a higher priority runs."""
         k = len(self.work)
+        if self.paused:
+            return dict.fromkeys(self.work, 0.0)
         if k <= 1:
             return dict.fromkeys(self.work, 1.0)
         top = max(self.priority.values())
@@ -155,8 +158,10 @@ class ProcessorSharing:
         if not self.work:
             return
         generation = self.timer
-        delay = min(max(self.work[ev], 0.0) / rate for ev, rate in self._rates().items() if rate > 0)
-        self.env.timeout(delay).callbacks.append(lambda _e: self._expire(generation))
+        delays = [max(self.work[ev], 0.0) / rate for ev, rate in self._rates().items() if rate > 0]
+        if not delays:  # (paused: nothing ends until it resumes)
+            return
+        self.env.timeout(min(delays)).callbacks.append(lambda _e: self._expire(generation))
 
     def _expire(self, generation: int) -> None:
         if generation != self.timer:
@@ -176,6 +181,24 @@ class ProcessorSharing:
         self.work[ev], self.slowdown[ev], self.priority[ev] = seconds, slowdown, priority
         self._schedule()
         return ev
+
+
+    def pause(self) -> None:
+        """Nothing runs on the resource until :meth:`resume` (as often as paused): the one
+        thread it stands for runs something else meanwhile, which the caller times (a
+        recomputation on autograd's thread, :mod:`pipesim.simulator`).  Each action's work
+        left is kept."""
+        self._advance()
+        self.paused += 1
+        self._schedule()
+
+    def resume(self) -> None:
+        """Undo one :meth:`pause`."""
+        if not self.paused:
+            raise RuntimeError("resume without a pause")
+        self._advance()
+        self.paused -= 1
+        self._schedule()
 
 
 class PairSharing(ProcessorSharing):

@@ -71,6 +71,14 @@ so it takes turns with the other threads' forwards, and the backward proper foll
     worker 1   B(1, m)    |R--==--==|=B=====|    R: its recomputation, engine and
     interpreter           0 0 1 0 1 0 1          interpreter both, in turn with F
 
+That re-run happens inside one node of autograd's thread, which serves nothing else until
+it has issued it: two stages' recomputations are issued one after the other, and the other
+stage's backward proper waits meanwhile (:attr:`pipesim.cluster.Cluster.recompute_holds_engine`;
+the re-run's kernels run on once issued)::
+
+    worker 0   B(0, m)    |R issue|..........|== B proper ==|
+    worker 1   B(1, m')   ........|R issue|===B proper===|      R after R, never beside
+
 and where the profile measured it (:meth:`pipesim.profile.Profile.engine_interpreter_share`),
 the backward proper holds the interpreter too for that share of its seconds: the
 checkpoint's unpack hooks, Python run for each saved tensor it reads.
@@ -228,6 +236,10 @@ class _Run:
         self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
                              for p in sim.shared_processes}
         self.engines = {e: ProcessorSharing(self.env, interpreter_law) for e in sim.shared_engines}
+        # a recomputation has autograd's thread to itself, one at a time
+        # (Cluster.recompute_holds_engine)
+        self.recomputing = ({e: simpy.Resource(self.env, 1) for e in sim.shared_engines}
+                            if sim.cluster.recompute_holds_engine else {})
         self.pairs = {p: PairSharing(self.env, PAIR_KINDS) for p in sim.paired_processes}
         # where workers share a device: how many of its actions run now, and when its last
         # one ended (-1: none yet) -- whether it idled since a worker's own last action,
@@ -312,6 +324,7 @@ class _Run:
             progress = lambda work, _slowdown: env.timeout(work)  # noqa: E731
         interpreter = self.interpreters.get(sim.cluster.devices[w].process)
         engine = self.engines.get(sim.cluster.devices[w].engine)
+        recomputing = self.recomputing.get(sim.cluster.devices[w].engine)
         # where the executor's gaps between actions hold the interpreter
         # (Cluster.gaps_hold_interpreter): by the pairs as a forward, else in turn on it
         hold_gap: Callable[[float, Step], simpy.Event] | None = None
@@ -420,6 +433,7 @@ class _Run:
                     seconds *= float(rng.lognormal(0.0, jitter.sigma))
             scale = seconds / step.seconds if step.seconds else 1.0
             recomputed = -1.0  # when its recomputation ended, where the engine ran it apart
+            r_begin = start  # when it began: later where it waited for autograd's thread
             if pairs is not None:
                 # slowed by what the other threads run beside it, as measured pass by pass
                 # (the interpreter, the engine and the device in one figure)
@@ -431,21 +445,39 @@ class _Run:
                 # backwards on one device measured together are this thread's turns), else
                 # for its host seconds
                 held = (step.interpreter_s or step.engine_s) * scale
-                if interpreter is not None and step.engine_interpreter_s:
-                    # checkpointed: autograd's thread first re-runs the forward, Python that
-                    # holds the interpreter as a forward does (in turn with the other
-                    # threads' forwards), then issues the backward proper
+                # checkpointed: autograd's thread first re-runs the forward, Python that
+                # holds the interpreter as a forward does (in turn with the other threads'
+                # forwards), then issues the backward proper -- where that thread runs the
+                # re-run to itself, or where the interpreter's part is known (else the
+                # recomputation is the first part of the backward's one turn)
+                gil = interpreter is not None and step.engine_interpreter_s > 0
+                if step.recompute_s and (gil or recomputing is not None):
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
                     if step.interpreter_s and seconds > 0:
                         # a share measured for the whole checkpointed backward: the
                         # recomputation holds its part of it, the backward proper the rest
                         # (not the whole share again on top of the recomputation's issue)
                         r_held = r * held / seconds
-                    yield simpy.AllOf(env, [
-                        progress(r, step.host_slowdown),
-                        host_side(engine.run(r_held, step.interpreter_slowdown, priority)),
-                        host_side(interpreter.run(step.engine_interpreter_s * scale,
-                                                  step.interpreter_slowdown))])
+                    if recomputing is not None:
+                        # autograd's thread to itself while it issues the re-run forward:
+                        # after another stage's recomputation, serving no other backward
+                        turn = recomputing.request()
+                        yield turn
+                        r_begin = env.now
+                        engine.pause()
+                    kernels = progress(r, step.host_slowdown)
+                    issue = [host_side(
+                        timeout(r_held) if recomputing is not None
+                        else engine.run(r_held, step.interpreter_slowdown, priority))]
+                    if interpreter is not None and gil:
+                        issue.append(host_side(interpreter.run(step.engine_interpreter_s * scale,
+                                                               step.interpreter_slowdown)))
+                    if recomputing is not None:
+                        # (the thread goes on once it has issued it; the device runs on)
+                        yield simpy.AllOf(env, issue)
+                        engine.resume()
+                        recomputing.release(turn)
+                    yield simpy.AllOf(env, [kernels, *issue])
                     seconds, held = seconds - r, max(held - r_held, 0.0)
                     recomputed = env.now
                 proper = [progress(seconds, step.host_slowdown),
@@ -485,16 +517,16 @@ class _Run:
             if track and accelerator and 0 < step.issue_s < step.seconds:
                 shrink = step.issue_s / step.seconds
                 mem_end = start + (end - start) * shrink
-                mem_r_end = start + (r_end - start) * shrink
+                mem_r_end = r_begin + (r_end - r_begin) * shrink
             if track:
                 for category, nbytes in step.alloc_end:
                     deltas.append((device, mem_end, nbytes, category))
             if track and step.recompute_bytes:
                 # the recomputation re-runs the forward: each layer's saved tensors exist from
                 # the end of its re-run (StageCost.recompute_walk)
-                r_span = mem_r_end - start
+                r_span = mem_r_end - r_begin
                 for t1, share in step.recompute_walk:
-                    deltas.append((device, start + r_span * t1, step.recompute_bytes * share,
+                    deltas.append((device, r_begin + r_span * t1, step.recompute_bytes * share,
                                    ACTIVATIONS))
             if track and step.loss_grad_bytes:
                 # the loss's gradient goes as the stage's last layer's backward ends
@@ -515,7 +547,7 @@ class _Run:
                         deltas.append((device, back + span * t1, -step.release * saved_share,
                                        ACTIVATIONS))
             if step.recompute_s:
-                rows.append((it, w, step.stage, mb, "R", origin + start, origin + r_end, 0, name))
+                rows.append((it, w, step.stage, mb, "R", origin + r_begin, origin + r_end, 0, name))
             rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
             if resource is not None:
                 resource.release(req)

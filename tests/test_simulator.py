@@ -1456,6 +1456,62 @@ def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the
     assert (r.end - r.start).tolist() == pytest.approx([F] * 4)
 
 
+def test_a_recomputation_has_autograds_thread_to_itself():
+    # two stages as threads on one GPU, GPipe, 2 micro-batches of 1 sample, checkpointed;
+    # forwards (and recomputations) issued in their seconds under the interpreter,
+    # backwards in a tenth of theirs.  At t = 7 F both threads start a backward: torch's
+    # checkpoint re-runs a forward inside one node of autograd's thread for the GPU, so the
+    # two recomputations run one after the other, each alone (F), and the recomputed
+    # activations of the two stages are never held at once
+    #   stage 1   B(1,0) |R10|==== B proper ====|
+    #   stage 0   B(0,1) |...|R01|==== B proper ====|
+    gpu, _ = _two_threads_on_a_gpu()
+    prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
+    meta = {**prof.meta, "interpreter_share": {
+        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
+    shares = Profile(prof.table, meta)
+    plan = Plan([1, 1], 2, 2, checkpoint="always", schedule="gpipe")
+    held = simulate(shares, plan, gpu)
+    a = held.actions.set_index(["stage", "kind", "microbatch"])
+    assert a.start[(1, "B", 0)] == a.start[(0, "B", 1)] == pytest.approx(7 * F)
+    first, second = sorted([(1, "R", 0), (0, "R", 1)], key=lambda k: a.start[k])
+    assert a.start[first] == pytest.approx(7 * F)
+    assert a.start[second] == pytest.approx(a.end[first])
+    assert (a.end - a.start)[first] == (a.end - a.start)[second] == pytest.approx(F)
+    # taking turns on that thread as two backwards' nodes do instead (the model before
+    # 2026-11-28), both recompute at once, at half speed, and hold both recomputations
+    turns = simulate(shares, plan, dataclasses.replace(gpu, recompute_holds_engine=False))
+    r = turns.actions.query("kind == 'R' and start > 0").set_index(["stage", "microbatch"])
+    assert r.start[(1, 0)] == r.start[(0, 1)] == pytest.approx(7 * F)
+    assert r.end[(1, 0)] == r.end[(0, 1)] == pytest.approx(9 * F)
+    assert (metrics(held).peak_memory_bytes["cuda:0"]
+            < metrics(turns).peak_memory_bytes["cuda:0"])
+    # and the other thread's backward waits it out: backwards issued in all their seconds,
+    # the last micro-batch not checkpointed -- at t = 6 F stage 1 recomputes alone (F)
+    # while stage 0's plain B(0,1) waits, then the two share the thread (2 B each)
+    #   stage 1   |R10|== B(1,0) proper ==|          turns: |R10 ==|== B ==|
+    #   stage 0   |...|== B(0,1) =========|                 |== B(0,1) ==|
+    bound = Profile(_with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0).table, meta)
+    last = Plan([1, 1], 2, 2, checkpoint="except_last", schedule="gpipe")
+    b = simulate(bound, last, gpu).actions.set_index(["stage", "kind", "microbatch"])
+    assert b.start[(1, "R", 0)] == b.start[(0, "B", 1)] == pytest.approx(6 * F)
+    assert b.end[(1, "R", 0)] == pytest.approx(7 * F)
+    assert b.end[(0, "B", 1)] == b.end[(1, "B", 0)] == pytest.approx(7 * F + 2 * B)
+    b = simulate(bound, last, dataclasses.replace(gpu, recompute_holds_engine=False)).actions
+    b = b.set_index(["stage", "kind", "microbatch"])
+    assert b.end[(1, "R", 0)] == pytest.approx(8 * F)
+    assert b.end[(0, "B", 1)] == pytest.approx(6 * F + 2 * B)
+    # the thread goes on once it has issued a recomputation, its kernels running on: one
+    # issued in a quarter of its seconds lets the other begin a quarter F later
+    quick = _with_host(uniform_profile(2, sizes=(1, 2)), 0.25, 0.1)
+    quick = Profile(quick.table, {**quick.meta, "interpreter_share": {
+        str(b): {"F": 0.25, "B": 0.0, "Fc": 0.25, "Bc": 0.0} for b in prof.micro_batch_sizes}})
+    q = simulate(quick, plan, gpu).actions.set_index(["stage", "kind", "microbatch"])
+    first, second = sorted([(1, "R", 0), (0, "R", 1)], key=lambda k: q.start[k])
+    assert q.start[second] == pytest.approx(q.start[first] + F / 4)
+    assert (q.end - q.start)[first] == (q.end - q.start)[second] == pytest.approx(F)
+
+
 def test_a_checkpointed_backwards_measured_share_holds_autograds_thread_once_not_twice():
     # one stage per thread on one GPU, 1 micro-batch (nothing overlaps), checkpointed: a
     # share measured for the whole checkpointed backward (Bc 1: two threads' together
@@ -1584,6 +1640,38 @@ def test_a_job_of_higher_priority_is_served_alone_and_the_others_wait():
     ends = _shared_lock_ends({"A": (2.0, 1.0, 0, 0.0), "B": (1.0, 1.0, 1, 1.0),
                               "C": (1.0, 1.0, 1, 1.0)})
     assert ends == pytest.approx({"B": 3.0, "C": 3.0, "A": 4.0})
+
+
+def test_a_paused_resource_serves_nobody_and_keeps_their_work():
+    #   A |==....==|        A: 2 s of work from 0; paused 1-3 (twice over, 1.5-2.5),
+    #   B    |.....====|    B: 1 s from 1.5: A and B share the thread from 3
+    import simpy
+
+    from pipesim.contention import ProcessorSharing, interpreter_law
+
+    env = simpy.Environment()
+    lock = ProcessorSharing(env, interpreter_law)
+    ends = {}
+
+    def job(name, seconds, at):
+        yield env.timeout(at)
+        yield lock.run(seconds)
+        ends[name] = env.now
+
+    def pause(at, until):
+        yield env.timeout(at)
+        lock.pause()
+        yield env.timeout(until - at)
+        lock.resume()
+
+    env.process(job("A", 2.0, 0.0))
+    env.process(job("B", 1.0, 1.5))
+    env.process(pause(1.0, 3.0))
+    env.process(pause(1.5, 2.5))
+    env.run()
+    assert ends == pytest.approx({"A": 5.0, "B": 5.0})
+    with pytest.raises(RuntimeError, match="resume without a pause"):
+        lock.resume()
 
 
 def test_autograds_thread_serves_the_worker_whose_forwards_create_more_nodes_first():
