@@ -1,10 +1,12 @@
 """The end-to-end demo behind ``pipesim demo`` (README's first command).
 
-Profiles the default built-in model on CPU, picks a balance by exact min-max partition,
-simulates GPipe and 1F1B under every checkpoint mode, lets the tuner choose a plan
-under a memory budget, calibrates this machine's links and executor overheads, executes
-the chosen plan for real (one process per stage, one thread each, as profiled) and
-compares prediction with measurement.  Everything lands under ``--out``.
+Profiles the default built-in model on CPU, calibrates this machine's links and executor
+overheads, picks a balance by exact min-max partition, simulates GPipe and 1F1B under
+every checkpoint mode, lets the tuner choose a plan under a memory budget, executes the
+chosen plan for real (one process per stage, one thread each, as profiled) and compares
+prediction with measurement.  The table, the tuner's choice and the comparison all use the
+one calibrated cluster (``--quick``: the uncalibrated default, no calibration).
+Everything lands under ``--out``.
 """
 
 from __future__ import annotations
@@ -39,14 +41,20 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out)
     repeats = 2 if args.quick else 5
     torch.set_num_threads(1)  # as each stage's process will run
-    print(f"1/5 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
+    print(f"1/6 profiling the default model ({DEFAULT_MODEL}) on cpu ...")
     _, prof = profile_model(DEFAULT_MODEL, {}, [1, 2, 4, 8, 16], "cpu", "float32", repeats, 1)
     profile_path = prof.save(out / "profile.csv")
     size = BATCH // CHUNKS
     balance = min_max_partition(prof.layer_times(size), STAGES)
     print(f"    {prof.n_layers} layers {prof.layer_names}; balance for {STAGES} stages: {balance}")
-    print("2/5 simulating ...")
-    cluster = Cluster.cpu_processes(STAGES)
+    print("2/6 calibrating this machine (links, executor overheads, host contention) ...")
+    if args.quick:
+        cluster = Cluster.cpu_processes(STAGES)
+        print("    skipped (--quick): an uncalibrated cluster of CPU processes")
+    else:
+        cluster = calibrate_cpu(STAGES)
+        cluster.save(out / "calibration.json")
+    print("3/6 simulating ...")
     rows = []
     for schedule in ("gpipe", "1f1b"):
         for checkpoint in ("never", "except_last", "always"):
@@ -62,15 +70,14 @@ def main(args: argparse.Namespace) -> int:
     table = pd.DataFrame(rows)
     table.to_csv(out / "simulated_plans.csv", index=False)
     print(table.round(3).to_string(index=False))
-    print("3/5 tuning under a 40 MiB budget per device ...")
+    print("4/6 tuning under a 40 MiB budget per device ...")
     tuned = tune(prof, STAGES, BATCH, 40 * 2**20, cluster=cluster)
     best = tuned.best
     tuned.table.drop(columns=["plan"]).to_csv(out / "tuned_plans.csv", index=False)
-    print(f"    best of {len(tuned.table)} simulated plans: {best.label()}")
-    print("4/5 calibrating, executing the chosen plan (one process per stage), comparing ...")
-    if not args.quick:
-        cluster = calibrate_cpu(best.n_devices)
-        cluster.save(out / "calibration.json")
+    row = tuned.table[tuned.table["plan"] == best].iloc[0]
+    print(f"    best of {len(tuned.table)} simulated plans: {best.label()} "
+          f"({row.iteration_s * 1e3:.1f} ms an iteration, peak {row.peak_bytes / 2**20:.1f} MiB)")
+    print("5/6 executing the chosen plan (one process per stage), comparing ...")
     job = functools.partial(builtin_job, DEFAULT_MODEL, BATCH)
     measured, _ = spawn(job, best, iterations=3 if args.quick else 7, warmup=1)
     # the executor runs forward and backward only: its plan holds no optimizer state
@@ -89,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
           f"(quartiles {lo * 1e3:.1f}-{hi * 1e3:.1f}); the prediction {pred * 1e3:.1f} ms is "
           + ("inside that spread: the error is within this machine's noise" if
              times.min() <= pred <= times.max() else "outside that spread"))
-    print("5/5 outputs")
+    print("6/6 outputs")
     print(f"    profile:            {profile_path} (+ .json metadata)")
     print(f"    plans compared:     {out / 'simulated_plans.csv'}")
     print(f"    timelines (PNG):    {out / 'simulated_gpipe.png'}, {out / 'simulated_1f1b.png'}")

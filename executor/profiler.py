@@ -497,7 +497,8 @@ def profile(model: nn.Sequential, sample_batch: tuple[torch.Tensor, torch.Tensor
     routes = check_skips(model)
     skips: list[dict[str, Any]] = [{"name": r.name, "stash_layer": r.src, "pop_layer": r.dst,
                                     "bytes": {}} for r in routes]
-    bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling", disable=not progress,
+    bar = tqdm(total=len(sizes) * (1 + warmup + repeats), desc="profiling",
+               disable=None if progress else True,  # (None: off where stderr is no terminal)
                unit="pass", leave=False)
     # Layers run one at a time and repeatedly: a retaining tracker lets a Pop layer find
     # the tensor its Stash layer left, every time.

@@ -252,7 +252,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                   schedules=(list(SCHEDULES) if args.schedules == "all"
                              else args.schedules.split(",")), method=args.method,
                   optimizer=args.optimizer, progress=sys.stderr.isatty(),
-                  margin=args.memory_margin)
+                  margin=args.memory_margin, tie=args.tie)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table = result.table.drop(columns=["plan"])
@@ -273,6 +273,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def add_tune(sub: argparse._SubParsersAction) -> None:
+    from pipesim.tune import TIE
+
     p = sub.add_parser("tune", help="choose balance, chunks, checkpoint and schedule",
                        description="Rank plans by predicted throughput under a memory budget "
                        "per device (exact min-max balance, refined by simulation).")
@@ -284,6 +286,9 @@ def add_tune(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory-margin", type=non_negative_float, default=0.10,
                    help="keep a plan only if its predicted peak plus this share of it fits "
                    "(default 0.10: the prediction's measured under-estimates)")
+    p.add_argument("--tie", type=non_negative_float, default=TIE,
+                   help=f"plans predicted within this share of the fastest rank by their peak, "
+                   f"the smallest first (default {TIE}: closer than the model can tell)")
     p.add_argument("--chunks", help="candidates, e.g. 1,2,4,8 (default: powers of two in range)")
     p.add_argument("--schedules", default="gpipe,1f1b",
                    help=f"comma-separated, of {', '.join(sorted(SCHEDULES))} or all (default "
