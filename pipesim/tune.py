@@ -164,9 +164,10 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
     ``virtual_stages`` stages a device (where the layers and the micro-batches allow),
     ``zbv`` with its two.  A plan fits when its predicted peak on every device, plus
     ``margin`` of it, is within both the budget and that device's ``memory_bytes``: the
-    default 10% covers all but 6 of the 252 device peaks of the CPU memory grid
-    (``experiments/validate_memory.py``; the worst, -15%, is U-Net's first stage
-    checkpointed at 16 micro-batches); 0 trusts the prediction as it is.  On an
+    default 10% covers every one of the 312 device peaks of the CPU memory grid (under by
+    1.0% at most, ``experiments/validate_memory.py``, 2026-11-28) and all but 3 of the 360
+    GPU grids' allocated peaks (under by 10.9-12.6%: gpt 1F1B [5,5] ``always``, two threads on one
+    GPU; ``experiments/repredict_evidence.py``); 0 trusts the prediction as it is.  On an
     accelerator (a device such as ``cuda:0``) the plan's estimated reserved bytes must fit
     too: what a caching allocator holds, under ``allocator``'s assumptions
     (:mod:`pipesim.allocator`; by default PyTorch's CUDA allocator with an H100's cuBLAS
