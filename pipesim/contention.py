@@ -182,7 +182,6 @@ class ProcessorSharing:
         self._schedule()
         return ev
 
-
     def pause(self) -> None:
         """Nothing runs on the resource until :meth:`resume` (as often as paused): the one
         thread it stands for runs something else meanwhile, which the caller times (a

@@ -516,7 +516,9 @@ class _Run:
             mem_end, mem_r_end = end, r_end
             if track and accelerator and 0 < step.issue_s < step.seconds:
                 shrink = step.issue_s / step.seconds
-                mem_end = start + (end - start) * shrink
+                # (from when it began: a recomputation that waited for autograd's thread
+                # issued nothing meanwhile)
+                mem_end = r_begin + (end - r_begin) * shrink
                 mem_r_end = r_begin + (r_end - r_begin) * shrink
             if track:
                 for category, nbytes in step.alloc_end:
