@@ -1298,9 +1298,7 @@ def test_a_checkpointed_micro_batch_holds_the_interpreter_for_its_own_measured_s
     threads = Cluster([Device(f"t{i}", physical=f"core{i}", process="p") for i in range(2)])
     apart = Cluster([Device(f"t{i}", physical=f"core{i}") for i in range(2)])
     prof = uniform_profile(2, sizes=(1, 2))
-    meta = {**prof.meta, "interpreter_share": {str(b): {"F": 0.0, "B": 0.0, "Fc": 1.0, "Bc": 1.0}
-                                               for b in prof.micro_batch_sizes}}
-    shares = Profile(prof.table, meta)
+    shares = _with_shares(prof, 0.0, 0.0, 1.0, 1.0)
     assert shares.checkpointed_interpreter_share(1) == (1.0, 1.0)
     assert prof.checkpointed_interpreter_share(1) is None
     for mode, slower in (("never", False), ("always", True)):
@@ -1320,6 +1318,12 @@ def _with_host(prof: Profile, fwd: float, bwd: float) -> Profile:
     table = prof.table.assign(host_fwd_s=prof.table.fwd_s * fwd,
                               host_bwd_s=prof.table.bwd_s * bwd)
     return Profile(table, prof.meta)
+
+
+def _with_shares(prof: Profile, f: float, b: float, fc: float, bc: float) -> Profile:
+    """``prof`` with the interpreter shares measured for its passes, alike at every size."""
+    return Profile(prof.table, {**prof.meta, "interpreter_share": {
+        str(size): {"F": f, "B": b, "Fc": fc, "Bc": bc} for size in prof.micro_batch_sizes}})
 
 
 def _two_threads_on_a_gpu() -> tuple[Cluster, Cluster]:
@@ -1434,9 +1438,7 @@ def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the
     #   stage 1       |F10==|R10|B10 proper|F11=|R11 ...
     gpu, apart = _two_threads_on_a_gpu()
     prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
-    meta = {**prof.meta, "interpreter_share": {
-        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
-    shares = Profile(prof.table, meta)
+    shares = _with_shares(prof, 1.0, 0.0, 1.0, 0.0)
     plan = Plan([1, 1], 2, 2, checkpoint="always", schedule="1f1b")
     a = simulate(shares, plan, gpu).actions.set_index(["stage", "kind", "microbatch"])
     span = a.end - a.start
@@ -1450,8 +1452,7 @@ def test_a_recomputation_on_the_engine_thread_takes_turns_with_a_forward_for_the
     own = simulate(shares, plan, apart).actions.query("kind == 'R'")
     assert (own.end - own.start).tolist() == pytest.approx([F] * 4)
     # a recomputation outside the interpreter (its forward share 0): no turns
-    free = Profile(prof.table, {**prof.meta, "interpreter_share": {
-        str(b): {"F": 1.0, "B": 0.0, "Fc": 0.0, "Bc": 0.0} for b in prof.micro_batch_sizes}})
+    free = _with_shares(prof, 1.0, 0.0, 0.0, 0.0)
     r = simulate(free, plan, gpu).actions.query("kind == 'R'")
     assert (r.end - r.start).tolist() == pytest.approx([F] * 4)
 
@@ -1467,9 +1468,7 @@ def test_a_recomputation_has_autograds_thread_to_itself():
     #   stage 0   B(0,1) |...|R01|==== B proper ====|
     gpu, _ = _two_threads_on_a_gpu()
     prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 0.1)
-    meta = {**prof.meta, "interpreter_share": {
-        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
-    shares = Profile(prof.table, meta)
+    shares = _with_shares(prof, 1.0, 0.0, 1.0, 0.0)
     plan = Plan([1, 1], 2, 2, checkpoint="always", schedule="gpipe")
     held = simulate(shares, plan, gpu)
     a = held.actions.set_index(["stage", "kind", "microbatch"])
@@ -1491,7 +1490,7 @@ def test_a_recomputation_has_autograds_thread_to_itself():
     # while stage 0's plain B(0,1) waits, then the two share the thread (2 B each)
     #   stage 1   |R10|== B(1,0) proper ==|          turns: |R10 ==|== B ==|
     #   stage 0   |...|== B(0,1) =========|                 |== B(0,1) ==|
-    bound = Profile(_with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0).table, meta)
+    bound = _with_shares(_with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0), 1.0, 0.0, 1.0, 0.0)
     last = Plan([1, 1], 2, 2, checkpoint="except_last", schedule="gpipe")
     b = simulate(bound, last, gpu).actions.set_index(["stage", "kind", "microbatch"])
     assert b.start[(1, "R", 0)] == b.start[(0, "B", 1)] == pytest.approx(6 * F)
@@ -1503,9 +1502,8 @@ def test_a_recomputation_has_autograds_thread_to_itself():
     assert b.end[(0, "B", 1)] == pytest.approx(6 * F + 2 * B)
     # the thread goes on once it has issued a recomputation, its kernels running on: one
     # issued in a quarter of its seconds lets the other begin a quarter F later
-    quick = _with_host(uniform_profile(2, sizes=(1, 2)), 0.25, 0.1)
-    quick = Profile(quick.table, {**quick.meta, "interpreter_share": {
-        str(b): {"F": 0.25, "B": 0.0, "Fc": 0.25, "Bc": 0.0} for b in prof.micro_batch_sizes}})
+    quick = _with_shares(_with_host(uniform_profile(2, sizes=(1, 2)), 0.25, 0.1),
+                         0.25, 0.0, 0.25, 0.0)
     q = simulate(quick, plan, gpu).actions.set_index(["stage", "kind", "microbatch"])
     first, second = sorted([(1, "R", 0), (0, "R", 1)], key=lambda k: q.start[k])
     assert q.start[second] == pytest.approx(q.start[first] + F / 4)
@@ -1523,9 +1521,7 @@ def test_a_checkpointed_backwards_measured_share_holds_autograds_thread_once_not
     plan = Plan([1, 1], 1, 1, checkpoint="always")
 
     def backward_s(bc: float) -> float:
-        meta = {**prof.meta, "interpreter_share": {
-            str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": bc} for b in prof.micro_batch_sizes}}
-        a = simulate(Profile(prof.table, meta), plan, gpu).actions
+        a = simulate(_with_shares(prof, 1.0, 0.0, 1.0, bc), plan, gpu).actions
         b = a[(a.kind == "B") & (a.stage == 1)].iloc[0]
         return b.end - b.start
 
@@ -1540,8 +1536,7 @@ def test_a_checkpointed_backwards_hooks_take_turns_with_the_other_threads_forwar
     # the engine's C++), they overlap; workers as processes of their own share nothing
     gpu, apart = _two_threads_on_a_gpu()
     prof = _with_host(uniform_profile(2, sizes=(1, 2)), 1.0, 1.0)
-    base = {**prof.meta, "interpreter_share": {
-        str(b): {"F": 1.0, "B": 0.0, "Fc": 1.0, "Bc": 0.0} for b in prof.micro_batch_sizes}}
+    base = _with_shares(prof, 1.0, 0.0, 1.0, 0.0).meta
 
     def with_hooks(share: float | None) -> Profile:
         meta = dict(base)
