@@ -450,8 +450,8 @@ class _Run:
                 # forwards), then issues the backward proper -- where that thread runs the
                 # re-run to itself, or where the interpreter's part is known (else the
                 # recomputation is the first part of the backward's one turn)
-                gil = interpreter is not None and step.engine_interpreter_s > 0
-                if step.recompute_s and (gil or recomputing is not None):
+                gil = interpreter if step.engine_interpreter_s > 0 else None
+                if step.recompute_s and (gil is not None or recomputing is not None):
                     r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
                     if step.interpreter_s and seconds > 0:
                         # a share measured for the whole checkpointed backward: the
@@ -469,9 +469,9 @@ class _Run:
                     issue = [host_side(
                         timeout(r_held) if recomputing is not None
                         else engine.run(r_held, step.interpreter_slowdown, priority))]
-                    if interpreter is not None and gil:
-                        issue.append(host_side(interpreter.run(step.engine_interpreter_s * scale,
-                                                               step.interpreter_slowdown)))
+                    if gil is not None:
+                        issue.append(host_side(gil.run(step.engine_interpreter_s * scale,
+                                                       step.interpreter_slowdown)))
                     if recomputing is not None:
                         # (the thread goes on once it has issued it; the device runs on)
                         yield simpy.AllOf(env, issue)
