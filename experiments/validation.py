@@ -128,6 +128,7 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
             **plan_columns(label, plan),
             "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
             "measured_ms": it.loc["iteration_time_s", "measured"] * 1e3,
+            "measured_ms_two_passes": first_passes_ms(trace),
             "error_pct": 100 * it.loc["iteration_time_s", "rel_error"],
             "bubble_pred": it.loc["mean_bubble", "predicted"],
             "bubble_meas": it.loc["mean_bubble", "measured"],
@@ -206,6 +207,7 @@ def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.D
     for plan, trace in zip(plans, measured, strict=True):
         m = metrics(trace)
         rows.append({**plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
+                     "measured_ms_two_passes": first_passes_ms(trace),
                      "reference_ms": reference_ms(trace),
                      "bubble_meas": m.mean_bubble, "throughput_meas": m.throughput,
                      "peak_meas_bytes": max(m.peak_memory_bytes.values(), default=float("nan"))})
@@ -306,8 +308,21 @@ def summarise(table: pd.DataFrame) -> dict:
     floor = noise_floor(table)
     if floor is not None:
         out["noise_floor_median_pct"], out["noise_floor_max_pct"] = floor
+    out.update(summarise_two_passes(table))
     out.update(ablation_errors(table))
     return out
+
+
+def summarise_two_passes(table: pd.DataFrame) -> dict[str, dict[str, float]]:
+    """``two_passes``: median and max |error| (%) of the predictions against what the
+    grid's first two passes alone measured (``measured_ms_two_passes``,
+    :func:`first_passes_ms`); empty for a grid of two passes or fewer."""
+    two = table.get("measured_ms_two_passes")
+    if two is None or two.isna().all():
+        return {}
+    err = (100 * (table["predicted_ms"] / two - 1)).abs()
+    return {"two_passes": {"median_abs_error_pct": float(err.median()),
+                           "max_abs_error_pct": float(err.max())}}
 
 
 def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
@@ -514,7 +529,8 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
         tie     |100  99 101|                            of the nine: 101 ms
 
     (on this project's VM a slow spell of a neighbour's made a plan's two passes 1.6x
-    apart, 2026-11-24).  ``meta["tie_break"]`` marks the plans measured so."""
+    apart, 2026-11-24).  ``meta["tie_break"]`` marks the plans measured so, and
+    ``meta["pass_iterations"]`` counts each pass's iterations (:func:`first_passes_ms`)."""
     if passes <= 1:
         return measure
 
@@ -537,6 +553,7 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
         for i, traces in enumerate(runs):
             trace = Trace.joined(traces)
             trace.meta["pass_iteration_s"] = [metrics(t).iteration_time_s for t in traces]
+            trace.meta["pass_iterations"] = [len(metrics(t).iteration_times_s) for t in traces]
             if all("reference_s" in t.meta for t in traces):
                 trace.meta["pass_reference_s"] = [t.meta["reference_s"] for t in traces]
             trace.meta["tie_break"] = i in apart
@@ -544,6 +561,18 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
         return joined
 
     return run
+
+
+def first_passes_ms(trace: Trace, passes: int = 2) -> float:
+    """The iteration time (ms) a plan measured in ``passes`` passes would have had: the
+    median over the iterations of its first ``passes`` passes (:func:`in_passes`), so that
+    one grid run in more passes says, side by side, what the extra passes bought.  NaN
+    where the trace was measured in no more passes than that (nothing to compare)."""
+    counts = trace.meta.get("pass_iterations", [])
+    if len(counts) <= passes:
+        return math.nan
+    times = metrics(trace).iteration_times_s[:sum(counts[:passes])]
+    return 1e3 * float(np.median(times))
 
 
 def profile_drift(before: Profile, after: Profile) -> float:
@@ -575,6 +604,8 @@ def per_model_figures(table: pd.DataFrame, traces: list[Trace]) -> dict[str, flo
     if "alone_costs_ms" in table:  # with the run's own costs alone: the sharing's error
         alone = (100 * (table["alone_costs_ms"] / table["measured_ms"] - 1)).abs()
         out["alone_costs_median_abs_error_pct"] = float(alone.median())
+    if "two_passes" in (whole := summarise_two_passes(table)):
+        out["two_passes_median_abs_error_pct"] = whole["two_passes"]["median_abs_error_pct"]
     noise = pass_noise(traces)
     if noise is not None:
         out["pass_noise_median_pct"], out["pass_noise_max_pct"] = noise

@@ -1910,6 +1910,29 @@ def test_a_grid_measured_in_passes_joins_each_plans_runs_and_reports_their_sprea
     assert in_passes(measure, 1) is measure
 
 
+def test_a_grid_in_four_passes_also_says_what_its_first_two_measured():
+    from experiments.validation import first_passes_ms, in_passes, summarise_two_passes
+
+    # passes 1 and 2 on a slow machine (+2 s an action), 3 and 4 at the usual speed (and
+    # the two of the grid after)
+    _, measure, calls = _fake_grid([3.0, 3.0, 1.0, 1.0, 1.0, 1.0])
+    plans = [Plan([1, 1], m, 4, checkpoint="never") for m in (1, 2)]
+    for t in in_passes(measure, 4)(plans):
+        slow, _, fast, _ = t.meta["pass_iteration_s"]
+        assert t.meta["pass_iterations"] == [2, 2, 2, 2]
+        assert first_passes_ms(t) == pytest.approx(1e3 * slow)  # the first two alone
+        assert first_passes_ms(t, 4) != first_passes_ms(t, 4)  # NaN: no more passes to drop
+        assert 1e3 * fast < 1e3 * metrics(t).iteration_time_s < first_passes_ms(t)
+    # two passes: nothing to compare with
+    two = in_passes(measure, 2)(plans)
+    assert len(calls) == 6
+    assert all(first_passes_ms(t) != first_passes_ms(t) for t in two)
+    table = pd.DataFrame({"predicted_ms": [10.0, 20.0], "measured_ms_two_passes": [8.0, 25.0]})
+    assert summarise_two_passes(table)["two_passes"] == {"median_abs_error_pct": 22.5,
+                                                         "max_abs_error_pct": 25.0}
+    assert summarise_two_passes(table.assign(measured_ms_two_passes=float("nan"))) == {}
+
+
 def test_a_plan_whose_passes_disagree_is_measured_once_more():
     from experiments.validation import in_passes, pass_noise
 
