@@ -128,7 +128,7 @@ def predicted_against(profile: Profile, plans: list[Plan], cluster: Cluster,
             **plan_columns(label, plan),
             "predicted_ms": it.loc["iteration_time_s", "predicted"] * 1e3,
             "measured_ms": it.loc["iteration_time_s", "measured"] * 1e3,
-            "measured_ms_two_passes": first_passes_ms(trace),
+            **pass_columns(trace),
             "error_pct": 100 * it.loc["iteration_time_s", "rel_error"],
             "bubble_pred": it.loc["mean_bubble", "predicted"],
             "bubble_meas": it.loc["mean_bubble", "measured"],
@@ -207,8 +207,7 @@ def measured_table(label: str, plans: list[Plan], measured: list[Trace]) -> pd.D
     for plan, trace in zip(plans, measured, strict=True):
         m = metrics(trace)
         rows.append({**plan_columns(label, plan), "measured_ms": 1e3 * m.iteration_time_s,
-                     "measured_ms_two_passes": first_passes_ms(trace),
-                     "reference_ms": reference_ms(trace),
+                     **pass_columns(trace), "reference_ms": reference_ms(trace),
                      "bubble_meas": m.mean_bubble, "throughput_meas": m.throughput,
                      "peak_meas_bytes": max(m.peak_memory_bytes.values(), default=float("nan"))})
     return pd.DataFrame(rows)
@@ -573,6 +572,14 @@ def first_passes_ms(trace: Trace, passes: int = 2) -> float:
         return math.nan
     times = metrics(trace).iteration_times_s[:sum(counts[:passes])]
     return 1e3 * float(np.median(times))
+
+
+def pass_columns(trace: Trace) -> dict[str, Any]:
+    """A grid row's record of its passes (:func:`in_passes`): ``measured_ms_two_passes``
+    (:func:`first_passes_ms`) and ``pass_ms``, each pass's median iteration (ms) in the
+    order they ran, ``;``-separated (empty for a plan measured once)."""
+    return {"measured_ms_two_passes": first_passes_ms(trace),
+            "pass_ms": ";".join(f"{1e3 * s:.4f}" for s in trace.meta.get("pass_iteration_s", []))}
 
 
 def profile_drift(before: Profile, after: Profile) -> float:

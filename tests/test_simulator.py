@@ -1911,7 +1911,12 @@ def test_a_grid_measured_in_passes_joins_each_plans_runs_and_reports_their_sprea
 
 
 def test_a_grid_in_four_passes_also_says_what_its_first_two_measured():
-    from experiments.validation import first_passes_ms, in_passes, summarise_two_passes
+    from experiments.validation import (
+        first_passes_ms,
+        in_passes,
+        pass_columns,
+        summarise_two_passes,
+    )
 
     # passes 1 and 2 on a slow machine (+2 s an action), 3 and 4 at the usual speed (and
     # the two of the grid after)
@@ -1923,6 +1928,9 @@ def test_a_grid_in_four_passes_also_says_what_its_first_two_measured():
         assert first_passes_ms(t) == pytest.approx(1e3 * slow)  # the first two alone
         assert first_passes_ms(t, 4) != first_passes_ms(t, 4)  # NaN: no more passes to drop
         assert 1e3 * fast < 1e3 * metrics(t).iteration_time_s < first_passes_ms(t)
+        row = pass_columns(t)
+        assert [float(x) for x in row["pass_ms"].split(";")] == pytest.approx(
+            [1e3 * x for x in t.meta["pass_iteration_s"]], rel=1e-6)
     # two passes: nothing to compare with
     two = in_passes(measure, 2)(plans)
     assert len(calls) == 6
