@@ -108,6 +108,10 @@ def main() -> None:
     ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
                     help="one pass more for a plan whose passes lie further apart than this "
                     "(default 0.15: 3x the usual pass noise; 0: none; see in_passes)")
+    ap.add_argument("--profile-between", action=argparse.BooleanOptionalAction, default=False,
+                    help="profile the model again between passes too, and predict with the "
+                    "mean of every profile (the ablation profile_ends: the one before and "
+                    "the one after the grid alone, the default)")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
     # pinned by default: five pinned grids on 2026-11-24 scattered 5.7% around each plan's
@@ -177,6 +181,7 @@ def main() -> None:
           "arrival", flush=True)
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
+    profile_speeds: dict[str, list[float]] = {}
     contention = [cluster.host_contention]  # readings: the calibration's, then after each grid
     # the gaps likewise (seconds: between ready actions, after a wake-up, one for all; the
     # executor's part of them, the calibration pipeline's stages in place; how a wake-up
@@ -297,7 +302,11 @@ def main() -> None:
                                                     threads_per_rank=args.threads,
                                                     reference=True)]
 
-        measure = in_passes(measure_once, args.passes, args.tie_break or None)
+        # (--profile-between: the machine's speed read between the passes as well)
+        between: list[Profile] = []
+        measure = in_passes(measure_once, args.passes, args.tie_break or None,
+                            (lambda k, into=between, take=take_profile: into.append(take()))
+                            if args.profile_between else None)
 
         traces = measure(plans)
         clock.mark(f"{name}: the grid measured")
@@ -313,9 +322,11 @@ def main() -> None:
         # 10-20% over minutes); how far the two apart is the run's profile drift
         after = take_profile()
         clock.mark(f"{name}: profile")
-        prof = Profile.mean([before, after], source=f"profile_{tag}_{name}.csv")
+        prof = Profile.mean([before, *between, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
         drifts[name] = profile_drift(before, after)
+        # each profile's speed against the first's, in the order taken (% slower)
+        profile_speeds[name] = [profile_drift(before, p) for p in (before, *between, after)]
         waits = [row for balance, rows in waited.items()
                  for row in with_profile_seconds(rows, prof, cluster, balance)]
         idle[name] = [dataclasses.asdict(row) for row in waits]
@@ -374,6 +385,8 @@ def main() -> None:
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
                          wakeup_gap_s=None)),
                      "profile_before": (before, model_cluster),
+                     **({"profile_ends": (Profile.mean([before, after]), model_cluster)}
+                        if between else {}),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)
         # (not a prediction: each plan's with the machine's drift during the grid taken
@@ -411,6 +424,7 @@ def main() -> None:
     summary["tie_break"] = args.tie_break
     summary["tie_break_plans"] = sum(bool(t.meta.get("tie_break")) for t in measured_all)
     summary["profile_drift_pct"] = drifts  # after / before - 1, median over sizes
+    summary["profile_speeds_pct"] = profile_speeds  # each profile / the first - 1, in order
     summary["host_contention_readings"] = contention
     summary["calibration_overheads"] = overheads  # seconds (in-action, gaps: means, median)
     # (between ready actions, wake-up, one for all, the executor's part) seconds, and the

@@ -512,7 +512,8 @@ def iterations_for(profile: Profile, plan: Plan, cluster: Cluster, least: int,
     return max(least, math.ceil(seconds / predicted))
 
 
-def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> Measure:
+def in_passes(measure: Measure, passes: int, disagree: float | None = None,
+              between: Callable[[int], object] | None = None) -> Measure:
     """``measure`` run over the grid ``passes`` times, the order reversed every other pass,
     each plan's runs joined into one Trace (:meth:`pipesim.trace.Trace.joined`: the
     iteration time is then the median over all its iterations).  A shared machine's load
@@ -529,7 +530,10 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
 
     (on this project's VM a slow spell of a neighbour's made a plan's two passes 1.6x
     apart, 2026-11-24).  ``meta["tie_break"]`` marks the plans measured so, and
-    ``meta["pass_iterations"]`` counts each pass's iterations (:func:`first_passes_ms`)."""
+    ``meta["pass_iterations"]`` counts each pass's iterations (:func:`first_passes_ms`).
+
+    ``between(k)``, where given, runs after pass ``k`` and before the next (not after the
+    last): a reading of the machine taken between the passes, as the grid goes."""
     if passes <= 1:
         return measure
 
@@ -539,6 +543,8 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None) -> M
             order = list(range(len(plans)))[:: -1 if k % 2 else 1]
             for i, trace in zip(order, measure([plans[i] for i in order]), strict=True):
                 runs[i].append(trace)
+            if between is not None and k < passes - 1:
+                between(k)
         apart = []
         if disagree is not None:
             for i, traces in enumerate(runs):

@@ -1949,6 +1949,12 @@ def test_a_plan_whose_passes_disagree_is_measured_once_more():
     plans = [Plan([1, 1], m, 4, checkpoint="never") for m in (1, 2)]
     traces = in_passes(measure, 2, disagree=0.15)(plans)
     assert len(calls) == 3 and calls[2] == calls[0]  # both apart: a third pass for both
+    # a reading between the passes comes after the first alone: not after the last pass,
+    # nor after the tie-break
+    _, measure, calls = _fake_grid([1.0, 3.0, 1.0])
+    seen = []
+    in_passes(measure, 2, disagree=0.15, between=lambda k: seen.append((k, len(calls))))(plans)
+    assert seen == [(0, 1)] and len(calls) == 3
     for t in traces:
         first, _, third = t.meta["pass_iteration_s"]
         assert t.meta["tie_break"] and third == pytest.approx(first)
