@@ -325,8 +325,12 @@ def main() -> None:
         prof = Profile.mean([before, *between, after], source=f"profile_{tag}_{name}.csv")
         prof.save(results / f"profile_{tag}_{name}.csv")
         drifts[name] = profile_drift(before, after)
-        # each profile's speed against the first's, in the order taken (% slower)
-        profile_speeds[name] = [profile_drift(before, p) for p in (before, *between, after)]
+        # each profile's speed against the first's, in the order taken (% slower), and
+        # every profile kept (column ``reading``, in that order) to study them later
+        readings = [before, *between, after]
+        profile_speeds[name] = [profile_drift(before, p) for p in readings]
+        pd.concat([p.table.assign(reading=k) for k, p in enumerate(readings)]).to_csv(
+            results / f"profile_{tag}_{name}_readings.csv.gz", index=False)
         waits = [row for balance, rows in waited.items()
                  for row in with_profile_seconds(rows, prof, cluster, balance)]
         idle[name] = [dataclasses.asdict(row) for row in waits]
@@ -385,7 +389,8 @@ def main() -> None:
                          model_cluster, action_gap_s=sum(g[2] for g in gaps[-2:]) / 2,
                          wakeup_gap_s=None)),
                      "profile_before": (before, model_cluster),
-                     **({"profile_ends": (Profile.mean([before, after]), model_cluster)}
+                     **({"profile_ends": (Profile.mean([before, after]), model_cluster),
+                         "profile_median": (Profile.median(readings), model_cluster)}
                         if between else {}),
                      "unbracketed": (before, unbracketed)}
         table = predicted_against(prof, plans, model_cluster, traces, name, ablations)

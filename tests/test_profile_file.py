@@ -214,3 +214,24 @@ def test_the_mean_of_profiles_averages_seconds_and_keeps_bytes():
     assert mean.meta["averaged_over"] == 2
     with pytest.raises(ProfileError, match="different models"):
         Profile.mean([a, uniform_profile(4, sizes=(1, 2))])
+
+
+def test_the_median_of_profiles_ignores_one_moment_read_slow():
+    def at(speed):
+        t = uniform_profile(3, sizes=(1, 2)).table
+        t[["fwd_s", "bwd_s"]] *= speed
+        return Profile(t, {"whole_model": {"1": {"fwd_s": speed, "bwd_s": 2 * speed}}})
+
+    readings = [at(1.0), at(1.1), at(0.9), at(1.0), at(1.6)]  # the last: a busy moment
+    median = Profile.median(readings)
+    one = at(1.0).table.sort_values(["layer", "micro_batch"])
+    assert median.table.fwd_s.tolist() == pytest.approx(one.fwd_s.tolist())
+    assert median.table.bwd_s.tolist() == pytest.approx(one.bwd_s.tolist())
+    assert median.meta["whole_model"] == {"1": {"fwd_s": 1.0, "bwd_s": 2.0}}
+    assert median.meta["combined_by"] == "median" and median.meta["averaged_over"] == 5
+    # the mean follows the busy moment
+    assert Profile.mean(readings).table.fwd_s.tolist() == pytest.approx(
+        (1.12 * one.fwd_s).tolist())
+    assert "combined_by" not in Profile.mean(readings).meta
+    with pytest.raises(ProfileError, match="median needs"):
+        Profile.median([])
