@@ -102,16 +102,21 @@ def main() -> None:
     ap.add_argument("--min-seconds", type=float, default=MIN_SECONDS,
                     help="seconds a plan is measured at least, each pass: a short plan gets "
                     "more iterations (from its predicted iteration time)")
-    ap.add_argument("--passes", type=int, default=2,
+    # four since 2026-11-29 (two before), with a profile between passes: the profiles, a
+    # few seconds each, are what reads a shared machine's speed worst (one of five 62%
+    # slow); the 70th and 71st grids, with five, 6.26% and 8.26% median, with the two end
+    # profiles alone 12.35% and 10.22%.  Four passes alone changed nothing (the 68th and
+    # 69th grids 6.58% and 8.42%, their first two passes alone 9.70% and 6.89%)
+    ap.add_argument("--passes", type=int, default=4,
                     help="runs of the whole grid (order reversed every other pass), each "
                     "plan's iterations joined: the load of one moment weighs less")
     ap.add_argument("--tie-break", type=float, default=0.15, metavar="FRACTION",
                     help="one pass more for a plan whose passes lie further apart than this "
                     "(default 0.15: 3x the usual pass noise; 0: none; see in_passes)")
-    ap.add_argument("--profile-between", action=argparse.BooleanOptionalAction, default=False,
+    ap.add_argument("--profile-between", action=argparse.BooleanOptionalAction, default=True,
                     help="profile the model again between passes too, and predict with the "
-                    "mean of every profile (the ablation profile_ends: the one before and "
-                    "the one after the grid alone, the default)")
+                    "mean of every profile (default; the ablation profile_ends: the one "
+                    "before and the one after the grid alone, as before 2026-11-29)")
     ap.add_argument("--quick", action="store_true", help="a small grid (smoke test)")
     ap.add_argument("--stages", type=int, default=2, help="stages = processes")
     # pinned by default: five pinned grids on 2026-11-24 scattered 5.7% around each plan's
