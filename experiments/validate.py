@@ -104,9 +104,9 @@ def main() -> None:
                     "more iterations (from its predicted iteration time)")
     # four since 2026-11-29 (two before), with a profile between passes: the profiles, a
     # few seconds each, are what reads a shared machine's speed worst (one of five 62%
-    # slow); the 70th and 71st grids, with five, 6.26% and 8.26% median, with the two end
-    # profiles alone 12.35% and 10.22%.  Four passes alone changed nothing (the 68th and
-    # 69th grids 6.58% and 8.42%, their first two passes alone 9.70% and 6.89%)
+    # slow); the 70th-72nd grids, with five, 6.26%, 8.26% and 6.42% median, with the two
+    # end profiles alone 12.35%, 10.22% and 8.08%.  Four passes alone changed nothing (the
+    # 68th and 69th grids 6.58% and 8.42%, their first two passes alone 9.70% and 6.89%)
     ap.add_argument("--passes", type=int, default=4,
                     help="runs of the whole grid (order reversed every other pass), each "
                     "plan's iterations joined: the load of one moment weighs less")
