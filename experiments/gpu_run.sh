@@ -108,9 +108,12 @@ run() {
         # idle costs measured on every rank at once: one rank at a time they would take
         # 4-8x; without them, 2026-11-26, the 4-rank grid read 8.1% / 32.5%, all under, its
         # actions after 3-30 ms idle 1.2-1.4x their profile)
+        # (two passes and the two end profiles, as before validate.py's four passes with
+        # profiles between them, 2026-11-29: a lent machine's call is 10 minutes; options
+        # given after override these)
         cpu16) for n in ${CPU16_STAGES:-4 8}; do
                    python3 experiments/validate.py --stages "$n" --pin --subdir gpu --iterations 3 \
-                       --idle-at-once --order paired "$@"
+                       --idle-at-once --order paired --passes 2 --no-profile-between "$@"
                done ;;
         *)     echo "gpu_run.sh: unknown command '$what' (tests, gpu, bench, threads, crossing, switch, console or cpu16)" >&2; return 2 ;;
     esac
