@@ -322,18 +322,19 @@ def main() -> None:
         save_measured_actions(actions_path, name, plans, traces)
         pd.concat([*tables, measured_table(name, plans, traces)], ignore_index=True).to_csv(
             results / f"validation_{tag}.csv", index=False)
-        # profiled again once the runs are done: the prediction uses the mean of the two,
-        # the machine's speed as the runs found it on average (this shared VM drifts by
-        # 10-20% over minutes); how far the two apart is the run's profile drift
+        # profiled again once the runs are done: the prediction uses the mean of every
+        # profile (before, between the passes, after), the machine's speed as the runs
+        # found it on average (this shared VM drifts by 10-20% over minutes)
         after = take_profile()
         clock.mark(f"{name}: profile")
-        prof = Profile.mean([before, *between, after], source=f"profile_{tag}_{name}.csv")
-        prof.save(results / f"profile_{tag}_{name}.csv")
-        drifts[name] = profile_drift(before, after)
-        # each profile's speed against the first's, in the order taken (% slower), and
-        # every profile kept (column ``reading``, in that order) to study them later
         readings = [before, *between, after]
+        prof = Profile.mean(readings, source=f"profile_{tag}_{name}.csv")
+        prof.save(results / f"profile_{tag}_{name}.csv")
+        # each profile's speed against the first's, in the order taken (% slower; the last
+        # is the run's profile drift), and every profile kept (column ``reading``, in that
+        # order) to study them later
         profile_speeds[name] = [profile_drift(before, p) for p in readings]
+        drifts[name] = profile_speeds[name][-1]
         pd.concat([p.table.assign(reading=k) for k, p in enumerate(readings)]).to_csv(
             results / f"profile_{tag}_{name}_readings.csv.gz", index=False)
         waits = [row for balance, rows in waited.items()

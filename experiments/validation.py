@@ -557,8 +557,9 @@ def in_passes(measure: Measure, passes: int, disagree: float | None = None,
         joined = []
         for i, traces in enumerate(runs):
             trace = Trace.joined(traces)
-            trace.meta["pass_iteration_s"] = [metrics(t).iteration_time_s for t in traces]
-            trace.meta["pass_iterations"] = [len(metrics(t).iteration_times_s) for t in traces]
+            each = [metrics(t) for t in traces]  # once a pass: it walks every action
+            trace.meta["pass_iteration_s"] = [m.iteration_time_s for m in each]
+            trace.meta["pass_iterations"] = [len(m.iteration_times_s) for m in each]
             if all("reference_s" in t.meta for t in traces):
                 trace.meta["pass_reference_s"] = [t.meta["reference_s"] for t in traces]
             trace.meta["tie_break"] = i in apart
