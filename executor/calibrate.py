@@ -408,14 +408,16 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
 
 def host_contention(n_devices: int, threads_per_rank: int = 1, steps: int = 10,
                     job: Callable = CALIBRATION_JOB, iterations: int = 200,
-                    pin_cores: bool = False) -> float:
+                    pin_cores: bool = False, messages: str = "echo") -> float:
     """``host_contention`` for ``n_devices`` ranks here: :func:`measure_contention` with as
     many ranks as the run has (up to the host's slots, at least 2), in a ring, alone and
     together alternating every ``steps`` steps (10 of the calibration MLP: phases of a few
-    ms, as long as a pipeline's actions), on ``job``'s workload; the median of three."""
+    ms, as long as a pipeline's actions), every step followed by a message alone and
+    together (``messages``), on ``job``'s workload; the median of three."""
     ranks = max(min(n_devices, _slots(threads_per_rank)), 2)
     return statistics.median(
-        measure_contention(ranks, iterations, steps, job, pin_cores)["host_contention"]
+        measure_contention(ranks, iterations, steps, job, pin_cores,
+                           messages)["host_contention"]
         for _ in range(3))
 
 
@@ -504,14 +506,31 @@ def overheads_text(cluster: Cluster) -> str:
             f"{cluster.wakeup_s * 1e3:.3f} ms after a wake-up")
 
 
+#: how the host-contention calibration's steps meet messages (see :func:`_contention_loop`)
+MESSAGES = ("echo", "ring", "none")
+
+
 def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, port: int,
-                     job: Callable, out) -> None:
+                     job: Callable, messages: str, out) -> None:
     """Time forward+backward of ``job``'s model alone and beside the other ranks, in
     alternation: each round has a phase per rank in which that rank computes ``steps``
-    steps while the others wait at the barrier, then one in which all compute and pass an
-    activation-sized tensor round a ring over gloo after every step, as pipeline ranks do
-    (their communication threads share the cores too; messages up and down over a group
-    each, as the pipelines send them).  Only the compute is timed."""
+    steps while the others wait at the barrier, then one in which all compute.  Only the
+    compute is timed.  ``messages`` (:data:`MESSAGES`) says what a step is followed by::
+
+        "ring"  alone     |step|step|step|          after a step, the next step
+                together  |step|msg|step|msg|      after a wait for a message
+        "echo"  alone     |step|msg|step|msg|      the next rank, idle, sends it back
+                together  |step|msg|step|msg|      both wait alike
+        "none"  alone     |step|step|step|
+                together  |step|step|step|          the neighbour's compute alone
+
+    ``msg``: an activation-sized tensor passed round a ring over gloo (together) or to the
+    next rank and back (alone), messages up and down over a group each, as the pipelines
+    send them (their communication threads share the cores too).  ``"ring"`` was the
+    calibration until 2026-11-29; it reads the cost of the wait before a step as well,
+    which the model holds apart (idle costs, the wake-up) -- on the project's 2-core VM
+    ``ring`` 0.237, ``echo`` 0.107, ``none`` 0.027 (``experiments/contention_waits.py``,
+    medians of 20 rounds)."""
     from executor.distributed import directional_groups
 
     torch.set_num_threads(1)
@@ -524,32 +543,44 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
     module, loss_fn, x, y = job()
     message, inbox = torch.randn(8, 256), torch.empty(8, 256)
     peer, source = (rank + 1) % world, (rank - 1) % world
+
+    def exchange(dst: int, src: int) -> None:
+        works = [dist.isend(message, dst, group=message_group(groups, rank, dst)),
+                 dist.irecv(inbox, src, group=message_group(groups, src, rank))]
+        for work in works:
+            if work is not None:
+                work.wait()
+
     for _ in range(5):
         loss_fn(module(x), y).backward()
     alone: list[float] = []
     together: list[float] = []
+    talk = messages != "none" and world > 1
     for _ in range(rounds):
         for phase in range(world + 1):  # phase r < world: rank r alone; world: all of them
             barrier.wait()
             if phase not in (rank, world):
+                if messages == "echo" and talk and rank == (phase + 1) % world:
+                    for _ in range(steps):  # the alone rank's message straight back
+                        dist.recv(inbox, phase, group=message_group(groups, phase, rank))
+                        dist.send(inbox, phase, group=message_group(groups, rank, phase))
                 continue
             for _ in range(steps):
                 t0 = time.perf_counter()
                 loss_fn(module(x), y).backward()
                 (together if phase == world else alone).append(time.perf_counter() - t0)
-                if phase == world and world > 1:
-                    sent = dist.isend(message, peer, group=message_group(groups, rank, peer))
-                    got = dist.irecv(inbox, source, group=message_group(groups, source, rank))
-                    for work in (sent, got):
-                        if work is not None:
-                            work.wait()
+                if talk and phase == world:
+                    exchange(peer, source)
+                elif talk and messages == "echo":
+                    exchange(peer, peer)
     out.put((rank, statistics.median(alone), statistics.median(together)))
     if world > 1:
         dist.destroy_process_group()
 
 
 def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
-                       job: Callable = CALIBRATION_JOB, pin_cores: bool = False) -> dict[str, float]:
+                       job: Callable = CALIBRATION_JOB, pin_cores: bool = False,
+                       messages: str = "echo") -> dict[str, float]:
     """How much ``workers`` processes computing at once slow each other (``host_contention``).
 
     ``job`` gives the workload, ``(module, loss_fn, inputs, targets)`` (picklable: a
@@ -560,7 +591,10 @@ def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
     ``workers`` processes run the same forward+backward loop, each alone in turn and all
     together, alternating every ``steps`` steps for ``iterations`` steps of each kind (see
     :func:`_contention_loop`); ``contention = (together / alone - 1) / (workers - 1)`` from
-    the compute times alone.  A separate measurement, never the plans being validated.
+    the compute times alone.  ``messages``: what each step is followed by (``"echo"``, the
+    default: a message after every step, alone too, so that alone and together wait
+    alike; ``"ring"``: messages only together, as before 2026-11-29; ``"none"``).
+    A separate measurement, never the plans being validated.
     Alone and together alternate within seconds, so a neighbour's load on a shared machine
     weighs on both alike: measured one after the other (this function until 2026-11-23)
     four readings in a row on this project's 2-core VM gave 0.78, 0.24, 0.0 and 0.60,
@@ -571,10 +605,13 @@ def measure_contention(workers: int = 2, iterations: int = 200, steps: int = 10,
 
     if workers < 2:
         raise ValueError(f"contention needs at least 2 workers, got {workers}")
+    if messages not in MESSAGES:
+        raise ValueError(f"messages must be one of {MESSAGES}, got {messages!r}")
     rounds = max(1, -(-iterations // steps))
     barrier = mp.get_context("spawn").Barrier(workers)
     results = _gather(_contention_loop, workers,
-                      (barrier, rounds, steps, workers, _free_port(), job), expected=workers,
+                      (barrier, rounds, steps, workers, _free_port(), job, messages),
+                      expected=workers,
                       pin_cores=pin_cores)
     alone = statistics.median(a for _, a, _ in results)
     together = statistics.median(t for _, _, t in results)

@@ -151,7 +151,8 @@ def main() -> None:
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
     ap.add_argument("--lean", action="store_true",
                     help="only what the prediction itself needs: no ablation-only readings "
-                    "(the model's own, the in-place and the sustained host contention) and no "
+                    "(the model's own, the in-place, the sustained and the ring's host "
+                    "contention) and no "
                     "confirmed choice -- a fifth or so of a 4-rank run, for a lent machine's "
                     "10-minute calls; those ablations are then absent from the summary")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
@@ -201,6 +202,10 @@ def main() -> None:
     # pipeline's ranks overlap for an action at a time)
     sustained = [] if args.lean else [host_contention(args.stages, args.threads,
                                                       steps=SUSTAINED_STEPS, pin_cores=args.pin)]
+    # and by the calibration's protocol before 2026-11-29, messages only when together
+    # (it reads the wait before a step as well): the ablation ring_contention
+    ring = [] if args.lean else [host_contention(args.stages, args.threads, pin_cores=args.pin,
+                                                 messages="ring")]
     clock.mark("calibration")
     model_readings: dict[str, float] = {}
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
@@ -355,6 +360,8 @@ def main() -> None:
         if not args.lean:
             sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
                                              pin_cores=args.pin))
+            ring.append(host_contention(args.stages, args.threads, pin_cores=args.pin,
+                                        messages="ring"))
         again = measure_overhead(latency_s=cluster.link.latency_s, pin_cores=args.pin)
         gaps.append((again["between_actions_s"], again["wakeup_s"], again["between_actions_all_s"],
                      again["executor_gap_s"], again["wakeup_curve"]))
@@ -374,6 +381,8 @@ def main() -> None:
                                                                       host_contention=0.0)),
                      **({"sustained_contention": (prof, dataclasses.replace(
                          model_cluster, host_contention=sum(sustained[-2:]) / 2)),
+                         "ring_contention": (prof, dataclasses.replace(
+                             model_cluster, host_contention=sum(ring[-2:]) / 2)),
                          "model_contention": (prof, dataclasses.replace(
                              model_cluster, host_contention=own)),
                          "in_place_contention": (prof, dataclasses.replace(
@@ -443,6 +452,7 @@ def main() -> None:
     summary["gap_readings"] = gaps
     summary["in_action_readings"] = in_action  # seconds
     summary["host_contention_sustained_readings"] = sustained
+    summary["host_contention_ring_readings"] = ring
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
     summary["idle_costs"] = idle
