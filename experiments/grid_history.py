@@ -93,7 +93,7 @@ def _git_show(commit: str, path: str) -> bytes:
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
               slowdowns: str = "", costs: str = "", idle: str = "",
-              extras: str = "", gaps: str = "") -> pd.DataFrame:
+              extras: str = "", gaps: str = "", scale_contention: float = 0.0) -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
@@ -110,7 +110,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     ``gaps`` likewise for the executor's own seconds between actions measured in place
     (``predicted_ms_now_no_gaps``, or ``predicted_ms_now_gaps`` from a JSON file
     ``{"executor_gaps": {model: rows}, "executor_gap_base_s": seconds}``,
-    ``experiments/in_place_costs.py``)."""
+    ``experiments/in_place_costs.py``); with ``scale_contention``,
+    ``predicted_ms_now_scaled_contention``: the same with every host-contention reading of
+    the run multiplied by it)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     # a file's gaps come with the calibration pipeline's figure of that hour (read once)
     gap_base = ({"gap_base_s": float(json.loads(Path(gaps).read_text())["executor_gap_base_s"])}
@@ -123,6 +125,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             again = predict_saved(folder, tag, cluster_fields,
                                   in_place_readings(folder, slowdowns, "slowdowns", tag))
             table["predicted_ms_now_in_place"] = again.predicted_ms_now
+        if repredict and scale_contention:
+            again = predict_saved(folder, tag, cluster_fields, contention_scale=scale_contention)
+            table["predicted_ms_now_scaled_contention"] = again.predicted_ms_now
         if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
@@ -242,6 +247,11 @@ def main() -> None:
                     help="with --repredict: also predict with host slowdowns measured in place "
                     "(predicted_ms_now_in_place): 'run' those each run measured, or a file "
                     "of them (experiments/in_place_contention.py)")
+    ap.add_argument("--scale-contention", type=float, default=0.0, metavar="F",
+                    help="with --repredict: also predict with every run's host-contention "
+                    "readings times F (predicted_ms_now_scaled_contention; a what-if, e.g. "
+                    "runs before 2026-11-29, whose calibration read the wait before a step "
+                    "as well, at the ratio experiments/contention_waits.py measures)")
     ap.add_argument("--costs", default="", metavar="FILE",
                     help="with --repredict: also predict with each stage's actions timed in "
                     "place (predicted_ms_now_in_place_costs), a file of "
@@ -259,8 +269,10 @@ def main() -> None:
                     "measured ('none': predicted_ms_now_no_gaps), or with a file of them and "
                     "their base in their place (predicted_ms_now_gaps; in_place_costs.py)")
     args = ap.parse_args()
-    if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps) and not args.repredict:
-        ap.error("--slowdowns, --costs, --idle, --extras and --gaps need --repredict")
+    if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps
+            or args.scale_contention) and not args.repredict:
+        ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras and --gaps need "
+                 "--repredict")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
@@ -275,7 +287,7 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
-                         args.costs, args.idle, args.extras, args.gaps)
+                         args.costs, args.idle, args.extras, args.gaps, args.scale_contention)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

@@ -371,7 +371,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
                   idle: dict[str, list] | None = None,
                   extras: dict[str, list] | None = None,
                   gaps: dict[str, list] | None = None,
-                  gap_base_s: float | None = None) -> pd.DataFrame:
+                  gap_base_s: float | None = None,
+                  contention_scale: float = 1.0) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -395,8 +396,12 @@ def predict_saved(folder: Path, tag: str = "cpu",
     none in runs before 2026-11-26 05:00); ``gaps`` likewise the executor's own seconds
     between actions measured in place (:class:`pipesim.cluster.ExecutorGap`; none before
     2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
-    default the run's readings; a run without them predicts without the gaps)."""
-    grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s)
+    default the run's readings; a run without them predicts without the gaps);
+    ``contention_scale`` multiplies the run's host-contention readings (a what-if: a run's
+    readings by the calibration's old protocol, ``messages="ring"``, read as its own
+    protocol would have, ``experiments/contention_waits.py``)."""
+    grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s,
+                      contention_scale)
     # (each action at its stage's lone cost in place; how it shares the host stays the
     # model's: pipesim.cluster.InPlaceCost)
     clusters = {m: dataclasses.replace(c, in_place_costs=in_place_costs_of(costs[m]))
@@ -435,7 +440,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
                idle: dict[str, list] | None = None,
                extras: dict[str, list] | None = None,
                gaps: dict[str, list] | None = None,
-               gap_base_s: float | None = None) -> SavedGrid:
+               gap_base_s: float | None = None,
+               contention_scale: float = 1.0) -> SavedGrid:
     """The saved grid ``folder/validation_TAG.csv`` with the profile and cluster each model
     is predicted with today; the arguments are :func:`predict_saved`'s."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
@@ -466,7 +472,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
     clusters: dict[str, Cluster] = {}
     for i, m in enumerate(table.model.unique()):
         clusters[m] = dataclasses.replace(
-            bracketed(cluster, around(readings, i, [cluster.host_contention]),
+            bracketed(cluster, [contention_scale * c for c in
+                                around(readings, i, [cluster.host_contention])],
                       around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
                       around(in_action_readings, i, ())),
             host_slowdowns=tuple((slowdowns or {}).get(m, ())),

@@ -965,13 +965,23 @@ def test_spread_sizes_keep_the_ends_and_the_nearest_to_even_steps_in_log2():
         spread_sizes([2, 4], 0)
 
 
-def test_host_contention_times_each_rank_alone_and_all_together_in_alternation():
+@pytest.mark.parametrize("messages", ["echo", "ring", "none"])
+def test_host_contention_times_each_rank_alone_and_all_together_in_alternation(messages):
     from executor.calibrate import measure_contention
 
-    m = measure_contention(2, iterations=20, steps=5)
+    # echo (the calibration): a message after every step, alone (to the next rank and
+    # back) as together (round the ring); ring: together only; none: hot steps
+    m = measure_contention(2, iterations=20, steps=5, messages=messages)
     assert m["alone_s"] > 0 and m["together_s"] > 0
     # (together / alone - 1) over the one other rank; never negative
     expected = max(m["together_s"] / m["alone_s"] - 1.0, 0.0)
     assert m["host_contention"] == pytest.approx(expected)
+
+
+def test_host_contention_refuses_one_worker_and_an_unknown_protocol():
+    from executor.calibrate import measure_contention
+
     with pytest.raises(ValueError, match="at least 2 workers"):
         measure_contention(1)
+    with pytest.raises(ValueError, match="messages must be one of"):
+        measure_contention(2, messages="mail")
