@@ -397,9 +397,11 @@ def predict_saved(folder: Path, tag: str = "cpu",
     between actions measured in place (:class:`pipesim.cluster.ExecutorGap`; none before
     2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
     default the run's readings; a run without them predicts without the gaps);
-    ``contention_scale`` multiplies the run's host-contention readings (a what-if: a run's
-    readings by the calibration's old protocol, ``messages="ring"``, read as its own
-    protocol would have, ``experiments/contention_waits.py``)."""
+    ``contention_scale`` multiplies the host-contention readings of a run calibrated by
+    the old protocol (``messages="ring"``, before 2026-11-29: no
+    ``host_contention_ring_readings`` in its summary), a what-if: its readings as the
+    calibration's protocol since would have read them (``experiments/contention_waits.py``
+    measures the ratio)."""
     grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s,
                       contention_scale)
     # (each action at its stage's lone cost in place; how it shares the host stays the
@@ -452,6 +454,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
     meta = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary = meta.get("summary", {})
     readings = summary.get("host_contention_readings")
+    if "host_contention_ring_readings" in summary:  # measured by today's protocol already
+        contention_scale = 1.0
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
     # (three CPU threads runs of 2026-11-26 23:00-23:18 kept their idle costs and extras
