@@ -529,8 +529,8 @@ def _contention_loop(rank: int, barrier, rounds: int, steps: int, world: int, po
     send them (their communication threads share the cores too).  ``"ring"`` was the
     calibration until 2026-11-29; it reads the cost of the wait before a step as well,
     which the model holds apart (idle costs, the wake-up) -- on the project's 2-core VM
-    ``ring`` 0.237, ``echo`` 0.107, ``none`` 0.027 (``experiments/contention_waits.py``,
-    medians of 20 rounds)."""
+    ``ring`` 0.237-0.239, ``echo`` 0.107-0.151, ``none`` 0.017-0.027
+    (``experiments/contention_waits.py``, two runs of 20 rounds, medians)."""
     from executor.distributed import directional_groups
 
     torch.set_num_threads(1)

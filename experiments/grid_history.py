@@ -111,8 +111,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     (``predicted_ms_now_no_gaps``, or ``predicted_ms_now_gaps`` from a JSON file
     ``{"executor_gaps": {model: rows}, "executor_gap_base_s": seconds}``,
     ``experiments/in_place_costs.py``); with ``scale_contention``,
-    ``predicted_ms_now_scaled_contention``: the same with every host-contention reading of
-    the run multiplied by it)."""
+    ``predicted_ms_now_scaled_contention``: the same with the host-contention readings of
+    each run calibrated the old way multiplied by it, see
+    :func:`experiments.validation.predict_saved`)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     # a file's gaps come with the calibration pipeline's figure of that hour (read once)
     gap_base = ({"gap_base_s": float(json.loads(Path(gaps).read_text())["executor_gap_base_s"])}
@@ -248,10 +249,10 @@ def main() -> None:
                     "(predicted_ms_now_in_place): 'run' those each run measured, or a file "
                     "of them (experiments/in_place_contention.py)")
     ap.add_argument("--scale-contention", type=float, default=0.0, metavar="F",
-                    help="with --repredict: also predict with every run's host-contention "
-                    "readings times F (predicted_ms_now_scaled_contention; a what-if, e.g. "
-                    "runs before 2026-11-29, whose calibration read the wait before a step "
-                    "as well, at the ratio experiments/contention_waits.py measures)")
+                    help="with --repredict: also predict with the host-contention readings "
+                    "of the runs calibrated before 2026-11-29 (whose protocol read the wait "
+                    "before a step as well) times F (predicted_ms_now_scaled_contention; a "
+                    "what-if, F the ratio experiments/contention_waits.py measures)")
     ap.add_argument("--costs", default="", metavar="FILE",
                     help="with --repredict: also predict with each stage's actions timed in "
                     "place (predicted_ms_now_in_place_costs), a file of "

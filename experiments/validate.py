@@ -151,8 +151,8 @@ def main() -> None:
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
     ap.add_argument("--lean", action="store_true",
                     help="only what the prediction itself needs: no ablation-only readings "
-                    "(the model's own, the in-place, the sustained and the ring's host "
-                    "contention) and no "
+                    "(the model's own, the in-place, the sustained and the old protocol's "
+                    "host contention) and no "
                     "confirmed choice -- a fifth or so of a 4-rank run, for a lent machine's "
                     "10-minute calls; those ablations are then absent from the summary")
     ap.add_argument("--subdir", default="", help="results sub-folder (e.g. gpu for that machine)")
