@@ -454,8 +454,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
     meta = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary = meta.get("summary", {})
     readings = summary.get("host_contention_readings")
-    if "host_contention_ring_readings" in summary:  # measured by today's protocol already
-        contention_scale = 1.0
+    # (a run that kept the old protocol's readings beside its own was calibrated by today's)
+    scale = 1.0 if "host_contention_ring_readings" in summary else contention_scale
     gap_readings = summary.get("gap_readings")
     in_action_readings = summary.get("in_action_readings")
     # (three CPU threads runs of 2026-11-26 23:00-23:18 kept their idle costs and extras
@@ -476,8 +476,7 @@ def saved_grid(folder: Path, tag: str = "cpu",
     clusters: dict[str, Cluster] = {}
     for i, m in enumerate(table.model.unique()):
         clusters[m] = dataclasses.replace(
-            bracketed(cluster, [contention_scale * c for c in
-                                around(readings, i, [cluster.host_contention])],
+            bracketed(cluster, [scale * c for c in around(readings, i, [cluster.host_contention])],
                       around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
                       around(in_action_readings, i, ())),
             host_slowdowns=tuple((slowdowns or {}).get(m, ())),
