@@ -378,7 +378,9 @@ class Profile:
     def span_cost(
         self, first: int, stop: int, micro_batch: float, *, extrapolate: bool = False
     ) -> LayerCost:
-        """Cost of layers ``first .. stop-1`` run as one stage on ``micro_batch`` samples.
+        """Cost of layers ``first .. stop-1`` run as one stage on ``micro_batch`` samples:
+        its seconds (:meth:`_span_seconds`), the bytes it keeps for its backward
+        (:meth:`_span_stash`) and the bytes it holds while it runs (:meth:`_span_rises`).
 
         ``stash_bytes`` counts each tensor once: a boundary tensor saved by both the
         layer that made it and the layer that reads it is one tensor.
@@ -387,28 +389,57 @@ class Profile:
             raise IndexError(f"layer span [{first}, {stop}) not in 0..{self.n_layers}")
         cols = {c: v[first:stop]
                 for c, v in self.columns_at(micro_batch, extrapolate=extrapolate).items()}
+        through = self._stashes(first, cols)
+        loss_span = self.ends_in_loss(stop)
+        stash, output_saved = self._span_stash(cols, through, loss_span)
+        rises = (self._span_rises(first, cols, through, loss_span)
+                 if "fwd_transient_bytes" in cols else {})
+        return LayerCost(
+            **self._span_seconds(first, stop, micro_batch, cols, extrapolate),
+            w_pending_bytes=self._w_pending(first, cols),
+            input_bytes=float(cols["input_bytes"][0]),
+            output_bytes=float(cols["output_bytes"][-1]),
+            stash_bytes=stash,
+            output_saved_bytes=output_saved,
+            param_bytes=float(cols["param_bytes"].sum()),
+            **rises,
+        )
+
+    def _span_stash(self, cols: dict[str, np.ndarray], through: list[bool],
+                    loss_span: bool) -> tuple[float, float]:
+        """``(stash_bytes, output_saved_bytes)`` of a span (``cols``: its columns at one
+        size, ``through``: :meth:`_stashes`, ``loss_span``: whether it ends in the loss):
+        what a micro-batch keeps from its forward to its backward, each tensor once, and
+        the part of the span's output its layers saved (a recomputation makes it anew)."""
         saved = cols["saved_bytes"]
         s_in, s_out = cols["saved_input_bytes"], cols["saved_output_bytes"]
+        n = len(saved)
         # Inner boundaries: output of layer i is the input of layer i+1, one storage --
         # also across a Stash layer, which passes its input on as its output (saving
         # nothing): layer i's output is then layer i+2's input.
-        shared = np.minimum(s_out[:-1], s_in[1:]).sum() if stop - first > 1 else 0.0
-        through = self._stashes(first, cols)
-        for k in range(1, stop - first - 1):
+        shared = np.minimum(s_out[:-1], s_in[1:]).sum() if n > 1 else 0.0
+        for k in range(1, n - 1):
             if through[k]:
                 shared += min(s_out[k - 1], s_in[k + 1])
         # The stage output stays alive until its backward (autograd holds it for the
         # gradient that arrives from the next stage), saved or not -- unless the span ends
         # in the loss: then its output is the loss, and the last layer's output (logits)
         # lives on only as far as the loss saved it.
-        loss_span = self.ends_in_loss(stop)
         # (a span that ends in Stash layers outputs the tensor of the layer before them:
         # saved there, it is in the stash already)
-        last = stop - 1
-        while last > first and through[last - first]:
+        last = n - 1
+        while last > 0 and through[last]:
             last -= 1
         stash = saved.sum() - shared - (0.0 if loss_span
-                                        else s_out[last - first] - cols["output_bytes"][-1])
+                                        else s_out[last] - cols["output_bytes"][-1])
+        return float(stash), 0.0 if loss_span else float(s_out[last])
+
+    def _span_seconds(self, first: int, stop: int, micro_batch: float,
+                      cols: dict[str, np.ndarray], extrapolate: bool) -> dict[str, float]:
+        """A span's seconds, as :class:`LayerCost` fields: its forward and backward (the
+        layers' sums less their share of the isolation excess, :meth:`isolation_excess`),
+        what the checkpoint adds or saves, the split backward's halves and the host's
+        shares of each pass."""
         fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
         bwd_layers = bwd_s
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
@@ -440,66 +471,6 @@ class Profile:
             saving = self.checkpoint_saving(micro_batch, extrapolate=extrapolate)
             ckpt_fwd = max(ckpt_fwd, -min(saving[0], MAX_CHECKPOINT_SAVING) * fwd_s)
             ckpt_bwd = max(ckpt_bwd, -min(saving[1], MAX_CHECKPOINT_SAVING) * fwd_s)
-        fwd_transient = bwd_transient = fwd_temp = recompute_rise = bwd_body = 0.0
-        first_rise = first_body = 0.0
-        if "fwd_transient_bytes" in cols:
-            raw = "bwd_rise_bytes" in cols and "bwd_fed_rise_bytes" in cols
-            # the stage's input gradient, which the simulator holds from the backward's
-            # start (it is handed on at its end); measured rises place it where it is
-            # made, at the first layer's backward, so what runs before (the recomputation,
-            # the inner layers) holds that much less beside it
-            early = float(cols["input_bytes"][0]) if raw and first > 0 else 0.0
-            own = self._own_saved(cols, through)
-            forward_rise = self._forward_rise(cols, through, own)
-            fwd_transient = float(forward_rise.max())
-            fwd_temp = float(cols["fwd_transient_bytes"].max())
-            inside = forward_rise[:-1] if loss_span else forward_rise
-            # (torch.utils.checkpoint stops its recomputation once the last tensor the
-            # forward saved is made again: layers after the last that saves are not re-run)
-            savers = np.nonzero(saved[:len(inside)] > 0)[0]
-            inside = inside[:savers[-1] + 1] if len(savers) else inside[:0]
-            recompute_rise = float(inside.max()) - early if len(inside) else 0.0
-            # the backward of layer i runs after the layers behind it freed what they saved
-            # (measured raw rises: a layer's saved input that its producer saved too goes
-            # in the producer's backward, which the producer's rise is net of)
-            freed_after = np.concatenate(
-                [np.cumsum((own if raw else saved)[::-1])[::-1][1:],
-                 [0.0]])
-            net = self._backward_rise(first, cols, through, loss_span) - freed_after
-            net[1:] -= early
-            body = net
-            if loss_span:
-                # the loss's gradient (the logits'), which the simulator holds from the
-                # start too, is gone once the last layer's backward is done: the layers
-                # before it hold that much less beside it.  (Not so after a recomputation,
-                # by the grid's checkpointed loss stages: 0.3% / 1.1% under with it.)
-                net = net.copy()
-                net[:-1] -= cols["output_bytes"][-1]
-            bwd_transient = max(float(net.max()), 0.0)
-            if raw and not loss_span:
-                # after recomputing (the body is what a checkpointed backward holds)
-                body = self._backward_rise(first, cols, through, recomputed=True) - freed_after
-                body[1:] -= early
-            if loss_span:
-                # the last layer's transient less the loss's own (a gradient the size of
-                # its input, the logits): what its layer proper holds, after recomputing
-                body = body.copy()
-                body[-1] -= cols["output_bytes"][-1]
-            # A stage's first backward: the weight gradients of the layers walked before
-            # layer j (those after it) stay beside its rise (its own are in the rise,
-            # where its peak held them, as temporaries or as .grad alike)
-            before = np.cumsum(cols["param_bytes"][::-1])[::-1] - cols["param_bytes"]
-            first_peaks = net + before
-            if loss_span:  # (the loss's gradient beside the last layer's, as simulated)
-                first_peaks[-1] += cols["output_bytes"][-1]
-            first_rise = max(float(first_peaks.max()), 0.0)
-            first_body = max(float((body + before).max()), 0.0)
-            if loss_span:
-                # (what stays of the loss layer's own is at least its weight gradients
-                # being formed: a backward but the stage's first forms them beside .grad)
-                body[-1] = max(body[-1], cols["param_bytes"][-1])
-            bwd_body = max(float(body.max()), 0.0)
-        weighted = cols["param_bytes"] > 0
         if "bwd_input_s" in cols and "bwd_weight_s" in cols:
             i_s, w_s = float(cols["bwd_input_s"].sum()), float(cols["bwd_weight_s"].sum())
             split_excess = self.isolation_excess(micro_batch, extrapolate=extrapolate, split=True)
@@ -508,47 +479,100 @@ class Profile:
                 w_s = max(w_s - share * split_excess[1], w_s / 2)
             scale = 1.0
         else:
-            w_s = float(cols["bwd_s"][weighted].sum()) / 2
+            w_s = float(cols["bwd_s"][cols["param_bytes"] > 0].sum()) / 2
             i_s = bwd_layers - w_s
             scale = bwd_s / bwd_layers if bwd_layers > 0 else 1.0  # the isolation correction
         if first == 0:
             # the first stage's input is data: its I computes nothing, its whole backward
             # is W, from the gradient it received
-            pending = 0.0
             i_s, w_s = 0.0, i_s + w_s
-        elif "w_pending_bytes" in cols and "w_received_bytes" in cols:
-            # measured: each layer's own, and the inner layers' received gradients
-            pending = float(cols["w_pending_bytes"].sum() + cols["w_received_bytes"][:-1].sum())
-        else:  # the output gradients of the inner layers with weights
-            pending = float(cols["output_bytes"][:-1][weighted[:-1]].sum())
         host_fwd = host_bwd = 1.0
         if "host_fwd_s" in cols and "host_bwd_s" in cols:
-            layers_fwd = float(cols["fwd_s"].sum())
-            host_fwd = _share(float(cols["host_fwd_s"].sum()), layers_fwd)
+            host_fwd = _share(float(cols["host_fwd_s"].sum()), float(cols["fwd_s"].sum()))
             host_bwd = _share(float(cols["host_bwd_s"].sum()), bwd_layers)
-        return LayerCost(
-            fwd_s=fwd_s,
-            bwd_s=bwd_s,
-            host_fwd_share=host_fwd,
-            host_bwd_share=host_bwd,
-            bwd_input_s=i_s * scale,
-            bwd_weight_s=w_s * scale,
-            w_pending_bytes=pending,
-            input_bytes=float(cols["input_bytes"][0]),
-            output_bytes=float(cols["output_bytes"][-1]),
-            stash_bytes=float(stash),
-            output_saved_bytes=0.0 if loss_span else float(s_out[last - first]),
-            param_bytes=float(cols["param_bytes"].sum()),
-            ckpt_fwd_extra_s=ckpt_fwd,
-            ckpt_bwd_extra_s=ckpt_bwd,
-            fwd_transient_bytes=fwd_transient,
-            bwd_transient_bytes=bwd_transient,
-            fwd_temp_bytes=fwd_temp,
-            recompute_rise_bytes=recompute_rise,
-            bwd_transient_body_bytes=bwd_body,
-            bwd_first_rise_bytes=first_rise,
-            bwd_first_body_bytes=first_body,
-        )
+        return {"fwd_s": fwd_s, "bwd_s": bwd_s,
+                "host_fwd_share": host_fwd, "host_bwd_share": host_bwd,
+                "bwd_input_s": i_s * scale, "bwd_weight_s": w_s * scale,
+                "ckpt_fwd_extra_s": ckpt_fwd, "ckpt_bwd_extra_s": ckpt_bwd}
+
+    @staticmethod
+    def _w_pending(first: int, cols: dict[str, np.ndarray]) -> float:
+        """The bytes a split backward's ``I`` keeps alive for its ``W`` (see
+        :attr:`LayerCost.w_pending_bytes`): none on the first stage, whose input is data."""
+        if first == 0:
+            return 0.0
+        if "w_pending_bytes" in cols and "w_received_bytes" in cols:
+            # measured: each layer's own, and the inner layers' received gradients
+            return float(cols["w_pending_bytes"].sum() + cols["w_received_bytes"][:-1].sum())
+        # the output gradients of the inner layers with weights
+        weighted = cols["param_bytes"][:-1] > 0
+        return float(cols["output_bytes"][:-1][weighted].sum())
+
+    def _span_rises(self, first: int, cols: dict[str, np.ndarray], through: list[bool],
+                    loss_span: bool) -> dict[str, float]:
+        """What a span holds above its kept bytes while its passes run, as
+        :class:`LayerCost` fields (bytes): the forward's and the recomputation's rises, the
+        backward's (walked layer by layer, :meth:`_backward_rise`), a checkpointed
+        backward's after recomputing, and a stage's first backward's, whose weight
+        gradients stay beside it.  Needs the profile's transient columns."""
+        saved = cols["saved_bytes"]
+        raw = "bwd_rise_bytes" in cols and "bwd_fed_rise_bytes" in cols
+        # the stage's input gradient, which the simulator holds from the backward's
+        # start (it is handed on at its end); measured rises place it where it is
+        # made, at the first layer's backward, so what runs before (the recomputation,
+        # the inner layers) holds that much less beside it
+        early = float(cols["input_bytes"][0]) if raw and first > 0 else 0.0
+        own = self._own_saved(cols, through)
+        forward_rise = self._forward_rise(cols, through, own)
+        inside = forward_rise[:-1] if loss_span else forward_rise
+        # (torch.utils.checkpoint stops its recomputation once the last tensor the
+        # forward saved is made again: layers after the last that saves are not re-run)
+        savers = np.nonzero(saved[:len(inside)] > 0)[0]
+        inside = inside[:savers[-1] + 1] if len(savers) else inside[:0]
+        # the backward of layer i runs after the layers behind it freed what they saved
+        # (measured raw rises: a layer's saved input that its producer saved too goes
+        # in the producer's backward, which the producer's rise is net of)
+        freed_after = np.concatenate(
+            [np.cumsum((own if raw else saved)[::-1])[::-1][1:],
+             [0.0]])
+        net = self._backward_rise(first, cols, through, loss_span) - freed_after
+        net[1:] -= early
+        body = net
+        if loss_span:
+            # the loss's gradient (the logits'), which the simulator holds from the
+            # start too, is gone once the last layer's backward is done: the layers
+            # before it hold that much less beside it.  (Not so after a recomputation,
+            # by the grid's checkpointed loss stages: 0.3% / 1.1% under with it.)
+            net = net.copy()
+            net[:-1] -= cols["output_bytes"][-1]
+        if raw and not loss_span:
+            # after recomputing (the body is what a checkpointed backward holds)
+            body = self._backward_rise(first, cols, through, recomputed=True) - freed_after
+            body[1:] -= early
+        if loss_span:
+            # the last layer's transient less the loss's own (a gradient the size of
+            # its input, the logits): what its layer proper holds, after recomputing
+            body = body.copy()
+            body[-1] -= cols["output_bytes"][-1]
+        # A stage's first backward: the weight gradients of the layers walked before
+        # layer j (those after it) stay beside its rise (its own are in the rise,
+        # where its peak held them, as temporaries or as .grad alike)
+        before = np.cumsum(cols["param_bytes"][::-1])[::-1] - cols["param_bytes"]
+        first_peaks = net + before
+        if loss_span:  # (the loss's gradient beside the last layer's, as simulated)
+            first_peaks[-1] += cols["output_bytes"][-1]
+        first_body = max(float((body + before).max()), 0.0)
+        if loss_span:
+            # (what stays of the loss layer's own is at least its weight gradients
+            # being formed: a backward but the stage's first forms them beside .grad)
+            body[-1] = max(body[-1], cols["param_bytes"][-1])
+        return {"fwd_transient_bytes": float(forward_rise.max()),
+                "bwd_transient_bytes": max(float(net.max()), 0.0),
+                "fwd_temp_bytes": float(cols["fwd_transient_bytes"].max()),
+                "recompute_rise_bytes": float(inside.max()) - early if len(inside) else 0.0,
+                "bwd_transient_body_bytes": max(float(body.max()), 0.0),
+                "bwd_first_rise_bytes": max(float(first_peaks.max()), 0.0),
+                "bwd_first_body_bytes": first_body}
 
     def _stashes(self, first: int, cols: dict[str, np.ndarray]) -> list[bool]:
         """Per layer of a span starting at ``first`` (``cols``: its columns at one size):
