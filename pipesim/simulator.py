@@ -506,48 +506,8 @@ class _Run:
             # the recomputation's end: as timed, else its share of the action (none: start)
             r_end = (recomputed if recomputed >= 0 else start if not step.recompute_s
                      else start + (end - start) * step.recompute_s / step.seconds)
-            # An accelerator's allocator counts a tensor from the host's call that makes it
-            # to the host's release of it (stream-ordered reuse), not along the kernels: an
-            # action's memory changes run along its host's issue -- its host's share of the
-            # action (stretched as the action is: sharing the device slows a launch-bound
-            # host as much as its kernels), all of a launch-bound action, the start of a
-            # device-bound one (two stage threads' checkpointed backwards then hold their
-            # recomputed activations one after the other, as measured)
-            mem_end, mem_r_end = end, r_end
-            if track and accelerator and 0 < step.issue_s < step.seconds:
-                shrink = step.issue_s / step.seconds
-                # (from when it began: a recomputation that waited for autograd's thread
-                # issued nothing meanwhile)
-                mem_end = r_begin + (end - r_begin) * shrink
-                mem_r_end = r_begin + (r_end - r_begin) * shrink
             if track:
-                for category, nbytes in step.alloc_end:
-                    deltas.append((device, mem_end, nbytes, category))
-            if track and step.recompute_bytes:
-                # the recomputation re-runs the forward: each layer's saved tensors exist from
-                # the end of its re-run (StageCost.recompute_walk)
-                r_span = mem_r_end - r_begin
-                for t1, share in step.recompute_walk:
-                    deltas.append((device, r_begin + r_span * t1, step.recompute_bytes * share,
-                                   ACTIVATIONS))
-            if track and step.loss_grad_bytes:
-                # the loss's gradient goes as the stage's last layer's backward ends
-                first_end = step.walk[0][1]
-                deltas.append((device, mem_r_end + (mem_end - mem_r_end) * first_end,
-                               -step.loss_grad_bytes, TEMPORARIES))
-            if track and (step.release or step.grads):
-                # the backward proper walks back through the stage's layers: each layer's
-                # weight gradients appear as its backward starts (a stage's first backward
-                # allocates them), its saved activations go as it ends (StageCost.backward_walk)
-                back = mem_r_end
-                span = mem_end - back
-                for t0, t1, grad_share, saved_share in step.walk:
-                    if step.grads and grad_share:
-                        deltas.append((device, back + span * t0, step.grads * grad_share,
-                                       GRADIENTS))
-                    if step.release and saved_share:
-                        deltas.append((device, back + span * t1, -step.release * saved_share,
-                                       ACTIVATIONS))
+                self._memory_changes(device, step, accelerator, r_begin, r_end, end)
             if step.recompute_s:
                 rows.append((it, w, step.stage, mb, "R", origin + r_begin, origin + r_end, 0, name))
             rows.append((it, w, step.stage, mb, step.kind, origin + start, origin + end, 0, name))
@@ -563,6 +523,56 @@ class _Run:
                                                   written if blocking else end))
             if blocking and written > env.now:
                 yield timeout(written - env.now)
+
+    def _memory_changes(self, device: str, step: Step, accelerator: bool, r_begin: float,
+                        r_end: float, end: float) -> None:
+        """The memory changes of an action of ``step`` that ran until ``end`` (seconds of
+        the run), its recomputation from ``r_begin`` to ``r_end`` (``r_begin`` is its
+        start where it recomputed nothing), appended to ``self.deltas``: what it keeps
+        and frees as it ends, its recomputation's activations as they are made again, the
+        loss's gradient, and the backward's walk back through the stage's layers."""
+        deltas = self.deltas
+        # An accelerator's allocator counts a tensor from the host's call that makes it
+        # to the host's release of it (stream-ordered reuse), not along the kernels: an
+        # action's memory changes run along its host's issue -- its host's share of the
+        # action (stretched as the action is: sharing the device slows a launch-bound
+        # host as much as its kernels), all of a launch-bound action, the start of a
+        # device-bound one (two stage threads' checkpointed backwards then hold their
+        # recomputed activations one after the other, as measured)
+        mem_end, mem_r_end = end, r_end
+        if accelerator and 0 < step.issue_s < step.seconds:
+            shrink = step.issue_s / step.seconds
+            # (from when it began: a recomputation that waited for autograd's thread
+            # issued nothing meanwhile)
+            mem_end = r_begin + (end - r_begin) * shrink
+            mem_r_end = r_begin + (r_end - r_begin) * shrink
+        for category, nbytes in step.alloc_end:
+            deltas.append((device, mem_end, nbytes, category))
+        if step.recompute_bytes:
+            # the recomputation re-runs the forward: each layer's saved tensors exist from
+            # the end of its re-run (StageCost.recompute_walk)
+            r_span = mem_r_end - r_begin
+            for t1, share in step.recompute_walk:
+                deltas.append((device, r_begin + r_span * t1, step.recompute_bytes * share,
+                               ACTIVATIONS))
+        if step.loss_grad_bytes:
+            # the loss's gradient goes as the stage's last layer's backward ends
+            first_end = step.walk[0][1]
+            deltas.append((device, mem_r_end + (mem_end - mem_r_end) * first_end,
+                           -step.loss_grad_bytes, TEMPORARIES))
+        if step.release or step.grads:
+            # the backward proper walks back through the stage's layers: each layer's
+            # weight gradients appear as its backward starts (a stage's first backward
+            # allocates them), its saved activations go as it ends (StageCost.backward_walk)
+            back = mem_r_end
+            span = mem_end - back
+            for t0, t1, grad_share, saved_share in step.walk:
+                if step.grads and grad_share:
+                    deltas.append((device, back + span * t0, step.grads * grad_share,
+                                   GRADIENTS))
+                if step.release and saved_share:
+                    deltas.append((device, back + span * t1, -step.release * saved_share,
+                                   ACTIVATIONS))
 
     def run(self) -> float:
         """Simulate; returns the iteration's end time (absolute seconds)."""
