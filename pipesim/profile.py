@@ -405,7 +405,8 @@ class Profile:
             **rises,
         )
 
-    def _span_stash(self, cols: dict[str, np.ndarray], through: list[bool],
+    @staticmethod
+    def _span_stash(cols: dict[str, np.ndarray], through: list[bool],
                     loss_span: bool) -> tuple[float, float]:
         """``(stash_bytes, output_saved_bytes)`` of a span (``cols``: its columns at one
         size, ``through``: :meth:`_stashes`, ``loss_span``: whether it ends in the loss):
@@ -440,8 +441,8 @@ class Profile:
         layers' sums less their share of the isolation excess, :meth:`isolation_excess`),
         what the checkpoint adds or saves, the split backward's halves and the host's
         shares of each pass."""
-        fwd_s, bwd_s = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
-        bwd_layers = bwd_s
+        fwd_layers, bwd_layers = float(cols["fwd_s"].sum()), float(cols["bwd_s"].sum())
+        fwd_s, bwd_s = fwd_layers, bwd_layers
         share = (stop - first - 1) / (self.n_layers - 1) if self.n_layers > 1 else 0.0
         excess = self.isolation_excess(micro_batch, extrapolate=extrapolate)
         if excess is not None:
@@ -488,7 +489,7 @@ class Profile:
             i_s, w_s = 0.0, i_s + w_s
         host_fwd = host_bwd = 1.0
         if "host_fwd_s" in cols and "host_bwd_s" in cols:
-            host_fwd = _share(float(cols["host_fwd_s"].sum()), float(cols["fwd_s"].sum()))
+            host_fwd = _share(float(cols["host_fwd_s"].sum()), fwd_layers)
             host_bwd = _share(float(cols["host_bwd_s"].sum()), bwd_layers)
         return {"fwd_s": fwd_s, "bwd_s": bwd_s,
                 "host_fwd_share": host_fwd, "host_bwd_share": host_bwd,
