@@ -22,13 +22,17 @@ pooled times (median over runs); and how one run's own error grows with its pass
 (:func:`error_against_noise`: the line at zero noise is one grid's error on a quiet
 machine).
 
-    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--repredict [--set F=V]
+    python experiments/grid_history.py [--git 4] [--runs DIR ...] [--name NAME]
+                                       [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
                                        [--gaps none|FILE]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json
 (``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
-``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares).
+``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares; ``--name``
+another name, for a subset pooled apart: ``--git 9 --name grid_history_echo`` pools the
+runs calibrated by ``echo`` and, since every one of them also predicted with the old
+protocol's readings, their ``predicted_ms_ring_contention`` beside, paired).
 """
 
 from __future__ import annotations
@@ -239,6 +243,10 @@ def main() -> None:
     ap.add_argument("--git", type=int, default=4, help="the last N committed runs (0: none)")
     ap.add_argument("--runs", nargs="*", type=Path, default=[], help="results folders")
     ap.add_argument("--tag", default="cpu", help="the runs' tag (validation_TAG.csv)")
+    ap.add_argument("--name", default="", metavar="NAME",
+                    help="write experiments/results/NAME.csv/.json (default grid_history, "
+                    "grid_history_TAG for another tag): a subset of the runs pooled apart, "
+                    "e.g. --git 9 --name grid_history_echo")
     ap.add_argument("--repredict", action="store_true",
                     help="also today's model, each run predicted again from its own inputs")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -329,7 +337,7 @@ def main() -> None:
         print(f"run {name} ({c['date']}{', ranks pinned' if c.get('pinned') else ''}): pass noise "
               f"{'-' if noise is None else f'{noise:.1f}%'}, profile drift {drift or '-'}")
     # (another tag's history beside the CPU processes' own: grid_history_threads, ...)
-    name = "grid_history" if args.tag == "cpu" else f"grid_history_{args.tag}"
+    name = args.name or ("grid_history" if args.tag == "cpu" else f"grid_history_{args.tag}")
     path = write_results(name, table, {"runs": [str(f) for f in folders],
                                        "conditions": conditions, "cluster_fields": fields,
                                        "summary": summary})
