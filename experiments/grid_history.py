@@ -30,7 +30,7 @@ machine).
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json
 (``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
 ``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares; ``--name``
-another name, for a subset pooled apart: ``--git 9 --name grid_history_echo`` pools the
+another name, for a subset pooled apart: ``--git 11 --name grid_history_echo`` pools the
 runs calibrated by ``echo`` and, since every one of them also predicted with the old
 protocol's readings, their ``predicted_ms_ring_contention`` beside, paired).
 """
@@ -246,7 +246,7 @@ def main() -> None:
     ap.add_argument("--name", default="", metavar="NAME",
                     help="write experiments/results/NAME.csv/.json (default grid_history, "
                     "grid_history_TAG for another tag): a subset of the runs pooled apart, "
-                    "e.g. --git 9 --name grid_history_echo")
+                    "e.g. --git 11 --name grid_history_echo")
     ap.add_argument("--repredict", action="store_true",
                     help="also today's model, each run predicted again from its own inputs")
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
@@ -282,6 +282,9 @@ def main() -> None:
             or args.scale_contention) and not args.repredict:
         ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras and --gaps need "
                  "--repredict")
+    if args.name and (args.name != Path(args.name).name or args.name.startswith(".")):
+        ap.error(f"--name {args.name!r}: expected a file name without folders or a leading '.' "
+                 "(written to experiments/results/)")
     fields = {}
     for item in args.set:
         name, _, value = item.partition("=")
