@@ -12,6 +12,9 @@
 
 3. **Contention** -- one forward+backward loop alone, then in two processes at once: how
    much co-located ranks slow each other (memory bandwidth, caches, gloo's threads).
+4. **Landing** -- a message arriving while its receiver computes, against between its
+   steps: what gloo's receiving thread costs the step on that core, by message size
+   (:func:`measure_landing`).
 
 No step runs the plans being validated: nothing is fitted to validation runs.
 """
@@ -194,6 +197,114 @@ def measure_wakeups(idles: tuple[float, ...] = WAKEUP_IDLES, repeats: int = 20,
                        pin_cores=pin_cores)
     first = woken[idles[0]]
     return ((0.0, 0.0), *((idle, max(woken[idle] - first, 0.0)) for idle in idles))
+
+
+#: message sizes (bytes) :func:`measure_landing` lands in a step: a small MLP's activation,
+#: a GPT block's, a U-Net's largest
+LANDING_SIZES = (1 << 12, 1 << 15, 1 << 18)
+
+
+def _landing_loop(rank: int, port: int, job: Callable, sizes: tuple[int, ...], rounds: int,
+                  steps: int, out) -> None:
+    """Rank 0 steps ``job`` (forward+backward) once a period of three steps' length; each
+    step it posts the receive of a ``size``-byte message and signals rank 1, which sends it
+    at once (``"landing"``: it arrives while the step computes) or after one and a half
+    steps (``"between"``: while rank 0 idles after its step); rank 0 takes it after the
+    step and sleeps to the period's end.  Both modes send and receive the same messages
+    and idle alike; only where the message lands differs::
+
+        landing   rank 0  |sig|== step =+=|..wait..|sleep   |sig|== step ==|...
+                  rank 1       |send|                    (+: the message lands)
+        between   rank 0  |sig|== step ==|   ^msg  |sleep   |sig|== step ==|...
+                  rank 1                |send|
+
+    Rank 0 puts ``{size: {"landing": [[s, ...], ...], "between": ...}}``: its steps'
+    seconds, a list per round, the modes alternating every ``steps`` steps for ``rounds``
+    rounds."""
+    torch.set_num_threads(1)
+    retain_freed_memory()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=2, timeout=timedelta(seconds=60))
+    period = torch.zeros(1, dtype=torch.float64)  # a step's seconds, rank 0's warm-up
+    if rank == 0:
+        module, loss_fn, x, y = job()
+
+        def step() -> None:
+            loss_fn(module(x), y).backward()
+
+        warm = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            step()
+            warm.append(time.perf_counter() - t0)
+        period[0] = statistics.median(warm[5:])
+    dist.broadcast(period, 0)
+    step_s = float(period[0])
+    signal = torch.zeros(1)
+    times: dict[int, dict[str, list[list[float]]]] = {n: {"landing": [], "between": []}
+                                                      for n in sizes}
+    tag = 0
+    for r in range(rounds + 1):  # the first round warms gloo's connections up
+        for nbytes in sizes:
+            buf = torch.zeros(max(nbytes // 4, 1))
+            for mode in ("landing", "between"):
+                block: list[float] = []
+                for _ in range(steps):
+                    tag += 1
+                    if rank == 1:
+                        _work(dist.irecv(signal, 0, tag=tag)).wait()
+                        if mode == "between":
+                            time.sleep(1.5 * step_s)
+                        _work(dist.isend(buf, 0, tag=tag)).wait()
+                        continue
+                    work = _work(dist.irecv(buf, 1, tag=tag))
+                    _work(dist.isend(signal, 1, tag=tag)).wait()
+                    t0 = time.perf_counter()
+                    step()
+                    t1 = time.perf_counter()
+                    work.wait()
+                    block.append(t1 - t0)
+                    rest = t0 + 3 * step_s - time.perf_counter()
+                    if rest > 0:
+                        time.sleep(rest)
+                if r and rank == 0:
+                    times[nbytes][mode].append(block)
+    if rank == 0:
+        out.put(times)
+    dist.destroy_process_group()
+
+
+def measure_landing(sizes: tuple[int, ...] = LANDING_SIZES, rounds: int = 20, steps: int = 10,
+                    job: Callable = CALIBRATION_JOB, pin_cores: bool = False
+                    ) -> dict[str, Any]:
+    """What a message costs the step it lands in (:attr:`pipesim.cluster.Cluster.landing_s`,
+    ``landing_byte_s``): two processes, one stepping ``job`` while the other's message of
+    each of ``sizes`` bytes lands mid-step or between steps (:func:`_landing_loop`).  Per
+    size the median over rounds of each round's median step landing less its median
+    between (seconds, ``"by_size"``: paired within seconds, so the machine's drift
+    cancels), and ``landing_s + landing_byte_s * bytes`` through them (the least-squares
+    slope, the intercept the residuals' median), neither below 0.  A micro-benchmark on
+    the calibration pipeline's workload, never the plans validated."""
+    sizes = tuple(sorted({int(n) for n in sizes}))
+    if not sizes or sizes[0] < 4:
+        raise ValueError(f"sizes must be at least 4 bytes, got {list(sizes)}")
+    from executor.distributed import _free_port
+
+    (times,) = _gather(_landing_loop, 2, (_free_port(), job, sizes, rounds, steps),
+                       expected=1, pin_cores=pin_cores)
+    by_size = {n: statistics.median(statistics.median(a) - statistics.median(b)
+                                    for a, b in zip(t["landing"], t["between"], strict=True))
+               for n, t in times.items()}
+    if len(sizes) > 1:
+        slope, intercept = np.polyfit(np.array(sizes, dtype=float),
+                                      np.array([by_size[n] for n in sizes]), 1)
+        slope = max(float(slope), 0.0)
+        intercept = max(float(np.median([by_size[n] - slope * n for n in sizes])), 0.0)
+    else:
+        slope, intercept = 0.0, max(by_size[sizes[0]], 0.0)
+    return {"landing_s": intercept, "landing_byte_s": slope, "by_size": by_size,
+            "step_s": statistics.median(t for n in sizes for block in times[n]["between"]
+                                        for t in block)}
 
 
 def measure_link(sizes: tuple[int, ...] = SIZES, repeats: int = 20,
@@ -383,14 +494,17 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
     says what sharing memory, caches and communication threads costs, and the time
     slicing of more ranks than cores is the host law's (:func:`pipesim.contention.host_law`).
     ``overheads``, if given, receives :func:`measure_overhead`'s figures (the gaps'
-    medians and their mean over all actions beside what the cluster keeps).
+    medians and their mean over all actions beside what the cluster keeps) and
+    :func:`measure_landing`'s (``"landing"``: what a message costs the step it lands in).
     ``pin_cores``: every measurement with each rank on its own cores, as a run spawned
     with ``pin_cores`` places them (:func:`executor.distributed.rank_cores`).
     """
     link, _ = measure_link(pin_cores=pin_cores)
     over = measure_overhead(latency_s=link.latency_s, pin_cores=pin_cores)
+    landing = measure_landing(pin_cores=pin_cores)
     if overheads is not None:
         overheads.update(over)
+        overheads["landing"] = landing
     slots = _slots(threads_per_rank)
     return Cluster([Device(f"rank{i}", host="localhost") for i in range(n_devices)], link=link,
                    compute_overhead_s=over["in_action_s"], action_gap_s=over["between_actions_s"],
@@ -398,6 +512,7 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                    wakeup_curve=over["wakeup_curve"],
                    host_contention=host_contention(n_devices, threads_per_rank,
                                                    pin_cores=pin_cores), host_cores=slots,
+                   landing_s=landing["landing_s"], landing_byte_s=landing["landing_byte_s"],
                    # the gloo transport (executor.transport): sends kept, receives posted
                    # ahead (once the action before has its inputs: StageRunner), and a
                    # send written from the sender's own thread
@@ -501,9 +616,13 @@ def calibrate_threads(device: str = "cuda:0", n_workers: int = 2, readings: int 
 
 def overheads_text(cluster: Cluster) -> str:
     """The executor's overheads of ``cluster`` in one line, in milliseconds."""
-    return (f"overhead {cluster.compute_overhead_s * 1e3:.3f} ms in an action, "
+    text = (f"overhead {cluster.compute_overhead_s * 1e3:.3f} ms in an action, "
             f"{cluster.action_gap_s * 1e3:.3f} ms between actions, "
             f"{cluster.wakeup_s * 1e3:.3f} ms after a wake-up")
+    if cluster.landing_s or cluster.landing_byte_s:
+        text += (f", {cluster.landing_s * 1e3:.3f} ms + {cluster.landing_byte_s * 1e9:.3f} "
+                 "ms/MB a message landing in an action")
+    return text
 
 
 #: how the host-contention calibration's steps meet messages (see :func:`_contention_loop`)

@@ -184,7 +184,8 @@ def main() -> None:
           f"{cluster.link.bandwidth_Bps / 1e9:.2f} GB/s, overhead "
           f"{cluster.compute_overhead_s * 1e6:.0f} us in, {cluster.action_gap_s * 1e6:.0f} us "
           f"between actions, {overheads['wakeup_s'] * 1e6:.0f} us from a blocked input's "
-          "arrival", flush=True)
+          f"arrival, {cluster.landing_s * 1e6:.0f} us + {cluster.landing_byte_s * 1e12:.0f} "
+          "us/MB a message landing in an action", flush=True)
     tables, replays, choices = [], [], []
     drifts: dict[str, float] = {}
     profile_speeds: dict[str, list[float]] = {}
@@ -377,6 +378,10 @@ def main() -> None:
             idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
             executor_gaps=tuple(executor))
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
+                     # messages landing in their receiver's action cost nothing (before
+                     # 2026-11-29 13:00)
+                     "no_landing": (prof, dataclasses.replace(model_cluster, landing_s=0.0,
+                                                              landing_byte_s=0.0)),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
                      **({"sustained_contention": (prof, dataclasses.replace(

@@ -234,6 +234,20 @@ class Cluster:
     #: bandwidth, caches and the communication threads): while k compute actions run on a
     #: host, each progresses at 1 / (1 + host_contention * (k - 1)) of its profiled speed
     host_contention: float = 0.0
+    #: what a message costs the compute action its receiver is running when it arrives:
+    #: the receiving rank's communication thread (gloo's) reads it on the cores that
+    #: action computes on (a pinned rank's one core), so the action ends ``landing_s +
+    #: landing_byte_s * bytes`` later for each message that lands in it; one its worker
+    #: waits for lands in no action and costs nothing here (the wake-up holds that)::
+    #:
+    #:     sender     |== F(0,m) ==|send        lands mid-action: + landing
+    #:     receiver      |== F(1,m-1) ==+|== F(1,m) ==|
+    #:
+    #: Measured on the calibration pipeline's stage against a neighbour's message timed to
+    #: land mid-step (:func:`executor.calibrate.measure_landing`).  0: messages cost
+    #: their receiver nothing while it computes
+    landing_s: float = 0.0
+    landing_byte_s: float = 0.0
     #: the host contention measured in place for one model's stages (see
     #: :class:`SpanSlowdown`): where an action's span has one, the action runs at
     #: ``1 / slowdown`` of its speed while another rank of its host computes, instead of
@@ -379,6 +393,8 @@ class Cluster:
                         ("action_gap_s", self.action_gap_s),
                         ("wakeup_gap_s", self.wakeup_gap_s or 0.0),
                         ("host_contention", self.host_contention),
+                        ("landing_s", self.landing_s),
+                        ("landing_byte_s", self.landing_byte_s),
                         ("host_cores", self.host_cores),
                         ("link latency_s", self.link.latency_s)):
             if v < 0 or math.isnan(v):
@@ -604,6 +620,8 @@ class Cluster:
                                      else float(d["wakeup_gap_s"])),
                        wakeup_curve=tuple(tuple(p) for p in d.get("wakeup_curve", ())),
                        host_contention=float(d.get("host_contention", 0.0)),
+                       landing_s=float(d.get("landing_s", 0.0)),
+                       landing_byte_s=float(d.get("landing_byte_s", 0.0)),
                        host_slowdowns=tuple(SpanSlowdown(**x)
                                             for x in d.get("host_slowdowns", ())),
                        idle_costs=tuple(IdleCost(**x) for x in d.get("idle_costs", ())),

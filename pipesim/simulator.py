@@ -40,6 +40,14 @@ action ran on it meanwhile, nothing: the device never idled::
     one core    t0 |F0|                 |B0|        the core ran F1, B1 meanwhile:
                 t1     |F1|B1|                     B0 runs at the profile's pace
 
+Where messages cost their receiver (:attr:`pipesim.cluster.Cluster.landing_s`), each one
+that arrives while its receiving worker computes makes that action longer by its cost
+(the rank's communication thread reading it on the action's core); one the worker waits
+for costs nothing here::
+
+    worker 0   |== F0 ==|send|== F1 ==|send|
+    worker 1        |== F(1,0) ==+|== F(1,1) ==+|      +: F0's, F1's message landing
+
 Optional jitter multiplies each duration by a seeded log-normal factor (and a
 straggler's factor).  While actions overlap on a concurrently shared device, or on a host whose processes slow
 each other, their work progresses at the rate :mod:`pipesim.contention` gives: this
@@ -128,6 +136,8 @@ Each iteration's backward::
 
 from __future__ import annotations
 
+import math
+from bisect import bisect_right, insort
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -245,6 +255,11 @@ class _Run:
         # one ended (-1: none yet) -- whether it idled since a worker's own last action,
         # which alone makes that worker pay its idle costs
         self.device_busy = {r: [0, -1.0] for r in sim.shared_resources}
+        # each worker's incoming messages, (arrival, what it costs an action it lands in),
+        # in arrival order, where messages cost their receiver (Cluster.landing_s)
+        self.landings: list[list[tuple[float, float]]] | None = (
+            [[] for _ in sim.cluster.devices]
+            if sim.cluster.landing_s or sim.cluster.landing_byte_s else None)
 
     def _arrive(self, index: int, at: float) -> None:
         """Input/gradient ``index`` arrives at time ``at`` (now or later)."""
@@ -297,8 +312,21 @@ class _Run:
             # worker) -- to the end of the action that uses it; a gradient's buffer on the
             # sender goes free at the same moment (or at the step's end, above).
             self.deltas.append((send.dst_device, end, send.nbytes, RECEIVED))
+        if self.landings is not None and send.receiver not in (src, -1):
+            cluster = self.sim.cluster
+            insort(self.landings[send.receiver],
+                   (end, cluster.landing_s + cluster.landing_byte_s * send.nbytes))
         self._arrive(index, end)
         return written
+
+    def _landed(self, w: int, since: float, until: float) -> float:
+        """Seconds the messages arriving at worker ``w`` in (``since``, ``until``] add to
+        the action it computes meanwhile (:attr:`pipesim.cluster.Cluster.landing_s`)."""
+        assert self.landings is not None
+        arrivals = self.landings[w]
+        first = bisect_right(arrivals, (since, math.inf))
+        last = bisect_right(arrivals, (until, math.inf))
+        return sum(cost for _, cost in arrivals[first:last])
 
     def worker(self, w: int):
         # The hot loop of every simulation: locals and inlined bookkeeping on purpose.
@@ -351,6 +379,7 @@ class _Run:
         accelerator = sim.cluster.devices[w].on_accelerator
         issue_ahead = sim.cluster.issue_ahead and accelerator
         issued = [0.0]  # when the action's host-side work (engine, interpreter) was done
+        landed = self._landed if self.landings is not None else None
 
         def note(_event: simpy.Event) -> None:
             issued[0] = max(issued[0], env.now)
@@ -494,6 +523,12 @@ class _Run:
                     interpreter.run(step.interpreter_s * scale, step.interpreter_slowdown))])
             else:
                 yield progress(seconds, step.host_slowdown)
+            if landed is not None:
+                # the messages that landed while it computed, and in that time, and so on
+                since = start
+                while (landing := landed(w, since, env.now)) > 0:
+                    since = env.now
+                    yield timeout(landing)
             end = idled = env.now
             if busy is not None:
                 busy[0] -= 1

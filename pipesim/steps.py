@@ -129,6 +129,8 @@ class Send(NamedTuple):
     #: the sender keeps what it sent to the step's end (Cluster.sender_keeps_sends); False
     #: for a skip that is the stage's output, kept already as the output sent on
     held: bool = True
+    #: the worker that receives it (``src`` for a hand-over between its own stages)
+    receiver: int = -1
 
 
 class StepBuilder:
@@ -444,7 +446,8 @@ class StepBuilder:
         link = self.cluster.link_between(src, dst) if src != dst else FREE
         over = self.cluster.transfer_overhead_s
         if src == dst or (link is FREE and not over):
-            return Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, dst_memory, "")
+            return Send(kind, event, None, 0.0, 0.0, nbytes, src_dev, dst_memory, "",
+                        receiver=dst)
         occupancy = over + link.seconds(nbytes) - link.latency_s
         return Send(kind, event, (src, dst), occupancy, link.latency_s, nbytes, src_dev,
-                    dst_memory, f"dev{src}->dev{dst}")
+                    dst_memory, f"dev{src}->dev{dst}", receiver=dst)

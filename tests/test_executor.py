@@ -752,6 +752,20 @@ def test_measure_wakeups_gives_the_wake_ups_growth_with_the_wait_before_it():
         measure_wakeups(idles=(0.0, 0.001))
 
 
+def test_measure_landing_times_a_step_with_a_message_landing_in_it_against_between_steps():
+    from executor.calibrate import measure_landing
+
+    m = measure_landing(sizes=(1 << 15, 1 << 12), rounds=2, steps=3)
+    # per size, in order: the median over rounds of landing less between (seconds; either
+    # sign on a noisy machine), and the line through them, never below 0
+    assert list(m["by_size"]) == [1 << 12, 1 << 15]
+    assert all(abs(v) < 0.05 for v in m["by_size"].values())
+    assert m["landing_s"] >= 0.0 and m["landing_byte_s"] >= 0.0
+    assert 0.0 < m["step_s"] < 0.1
+    with pytest.raises(ValueError, match="sizes must be at least 4 bytes"):
+        measure_landing(sizes=(2,))
+
+
 def test_the_wait_and_send_micro_benchmarks_time_every_condition_on_two_ranks():
     from executor.calibrate import _gather
     from executor.distributed import _free_port

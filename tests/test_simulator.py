@@ -2476,3 +2476,57 @@ def test_a_paired_grid_measures_each_plans_schedules_side_by_side():
     for a, b in zip(out[::2], out[1::2], strict=True):  # twins, one after the other
         assert (a.schedule, b.schedule) == ("gpipe", "1f1b")
         assert (a.balance, a.chunks, a.checkpoint) == (b.balance, b.chunks, b.checkpoint)
+
+
+def test_a_message_landing_in_its_receivers_action_lengthens_it_one_waited_for_costs_nothing(
+        tmp_path):
+    from pipesim.errors import ClusterError
+
+    prof = uniform_profile(4)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 3], 2, 2, checkpoint="never", schedule="gpipe")
+    two = [Device("a"), Device("b")]
+    quiet = Cluster(two)
+    landing = dataclasses.replace(quiet, landing_s=0.5)
+
+    def spans(cluster: Cluster) -> dict[tuple[int, str, int], tuple[float, float]]:
+        a = simulate(prof, plan, cluster).actions
+        return {(r.stage, r.kind, r.microbatch): (r.start, r.end)
+                for r in a[a.kind.isin(["F", "B"])].itertuples()}
+
+    #   stage 0  |F0|F1|            ...waits...             |=B1=|  ...  |=B0=|
+    #   stage 1     |=== F0 ===+|=== F1 ===|====== B1 ======|====== B0 ======|
+    #                  ^ F1's input lands at 2 s: + 0.5 s; F0's and both gradients come
+    #                    to a waiting worker (stage 1 blocked on F0, stage 0 on B1, B0)
+    before, after = spans(quiet), spans(landing)
+    assert before[(1, "F", 0)] == pytest.approx((1.0, 4.0))
+    assert after[(1, "F", 0)] == pytest.approx((1.0, 4.5))
+    for key in before:  # everything else the same length, the rest 0.5 s later
+        if key != (1, "F", 0):
+            assert after[key][1] - after[key][0] == pytest.approx(before[key][1] - before[key][0])
+    assert max(e for _, e in after.values()) == pytest.approx(
+        max(e for _, e in before.values()) + 0.5)
+    # a message's bytes cost too: F1's input (1 sample of the profile's output bytes)
+    nbytes = float(PlanCosts(prof, plan).cost(0, 1).output_bytes)
+    per_byte = dataclasses.replace(quiet, landing_byte_s=0.25 / nbytes)
+    assert spans(per_byte)[(1, "F", 0)] == pytest.approx((1.0, 4.25))
+    # the cluster file keeps them; a negative cost is refused by name
+    both = dataclasses.replace(landing, landing_byte_s=1e-9)
+    again = Cluster.load(both.save(tmp_path / "c.json"))
+    assert (again.landing_s, again.landing_byte_s) == (0.5, 1e-9)
+    with pytest.raises(ClusterError, match="landing_s must be non-negative"):
+        Cluster(two, landing_s=-1.0)
+    with pytest.raises(ClusterError, match="landing_byte_s must be non-negative"):
+        Cluster(two, landing_byte_s=-1e-9)
+
+
+def test_messages_landing_in_the_time_a_landing_added_lengthen_the_action_again():
+    prof = uniform_profile(4)
+    #   stage 0  |F0|F1|F2|F3|F4|          one layer: 1 s a forward
+    #   stage 1     .|=== F0 ===+++|+|     three layers, woken 0.1 s after F0's input
+    #   F1, F2, F3's inputs land at 2, 3, 4 s in its compute (1.1 -> 4.1 s); F4's at 5 s,
+    #   in the time those added
+    plan = Plan([1, 3], 5, 5, checkpoint="never", schedule="gpipe")
+    cluster = Cluster([Device("a"), Device("b")], wakeup_gap_s=0.1, landing_s=0.75)
+    a = simulate(prof, plan, cluster).actions
+    f0 = a[(a.stage == 1) & (a.kind == "F") & (a.microbatch == 0)].iloc[0]
+    assert (f0.start, f0.end) == pytest.approx((1.1, 1.1 + 3.0 + 4 * 0.75))
