@@ -221,6 +221,10 @@ def main() -> None:
                 rows += got
                 transits += seen
     table = pd.DataFrame(rows)
+    if table.empty:
+        ap.error(f"none of the last {args.git} committed grids of tag {args.tag!r} kept its "
+                 f"actions for the plans {sorted(plans)} (labels as the grids write them, "
+                 "e.g. 'mlp:1f1b [4,4] m=16 ckpt=never')")
     summary = summarise(table)
     messages = transit_summary(pd.concat(transits, ignore_index=True))
     meta = {**machine(), "git": args.git, "plans": sorted(args.plans.split(";")),
