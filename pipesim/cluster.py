@@ -243,9 +243,9 @@ class Cluster:
     #:     sender     |== F(0,m) ==|send        lands mid-action: + landing
     #:     receiver      |== F(1,m-1) ==+|== F(1,m) ==|
     #:
-    #: Measured on the calibration pipeline's stage against a neighbour's message timed to
-    #: land mid-step (:func:`executor.calibrate.measure_landing`).  0: messages cost
-    #: their receiver nothing while it computes
+    #: Measured on the calibration workload's steps against a neighbour's message timed to
+    #: land mid-step or between steps (:func:`executor.calibrate.measure_landing`).  0:
+    #: messages cost their receiver nothing while it computes
     landing_s: float = 0.0
     landing_byte_s: float = 0.0
     #: the host contention measured in place for one model's stages (see
