@@ -51,7 +51,13 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.validation import PLAN_COLUMNS, in_place_readings, predict_saved, program_groups
+from experiments.validation import (
+    PLAN_COLUMNS,
+    READINGS,
+    in_place_readings,
+    predict_saved,
+    program_groups,
+)
 from pipesim.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +103,8 @@ def _git_show(commit: str, path: str) -> bytes:
 def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
               slowdowns: str = "", costs: str = "", idle: str = "",
-              extras: str = "", gaps: str = "", scale_contention: float = 0.0) -> pd.DataFrame:
+              extras: str = "", gaps: str = "", scale_contention: float = 0.0,
+              contention_readings: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
@@ -117,7 +124,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     ``experiments/in_place_costs.py``); with ``scale_contention``,
     ``predicted_ms_now_scaled_contention``: the same with the host-contention readings of
     each run calibrated the old way multiplied by it, see
-    :func:`experiments.validation.predict_saved`)."""
+    :func:`experiments.validation.predict_saved`; with ``contention_readings``, one of
+    :data:`experiments.validation.READINGS`, ``predicted_ms_now_<it>_contention``: the
+    same with each model's host contention from those of the run's readings)."""
     measured = json.loads(Path(costs).read_text())["costs"] if repredict and costs else None
     # a file's gaps come with the calibration pipeline's figure of that hour (read once)
     gap_base = ({"gap_base_s": float(json.loads(Path(gaps).read_text())["executor_gap_base_s"])}
@@ -133,6 +142,9 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
         if repredict and scale_contention:
             again = predict_saved(folder, tag, cluster_fields, contention_scale=scale_contention)
             table["predicted_ms_now_scaled_contention"] = again.predicted_ms_now
+        if repredict and contention_readings:
+            again = predict_saved(folder, tag, cluster_fields, readings=contention_readings)
+            table[f"predicted_ms_now_{contention_readings}_contention"] = again.predicted_ms_now
         if measured is not None:
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
@@ -277,11 +289,16 @@ def main() -> None:
                     help="with --repredict: also predict without the executor gaps each run "
                     "measured ('none': predicted_ms_now_no_gaps), or with a file of them and "
                     "their base in their place (predicted_ms_now_gaps; in_place_costs.py)")
+    ap.add_argument("--contention-readings", default="", choices=("", *READINGS),
+                    help="with --repredict: also predict with each model's host contention "
+                    "the median of these of the run's readings (bracketed: the two around "
+                    "its grid, the prediction's own; so_far: every one up to the one after "
+                    "its grid; run: all), predicted_ms_now_<it>_contention")
     args = ap.parse_args()
     if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps
-            or args.scale_contention) and not args.repredict:
-        ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras and --gaps need "
-                 "--repredict")
+            or args.scale_contention or args.contention_readings) and not args.repredict:
+        ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras, --gaps and "
+                 "--contention-readings need --repredict")
     if args.name and (args.name != Path(args.name).name or args.name.startswith(".")):
         ap.error(f"--name {args.name!r}: expected a file name without folders or a leading '.' "
                  "(written to experiments/results/)")
@@ -299,7 +316,8 @@ def main() -> None:
         if not folders:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
-                         args.costs, args.idle, args.extras, args.gaps, args.scale_contention)
+                         args.costs, args.idle, args.extras, args.gaps, args.scale_contention,
+                         args.contention_readings)
         conditions = run_conditions(folders, args.tag)
     counts = runs.groupby(KEY).run.nunique()
     common = counts[counts == len(folders)].index  # plans every run measured

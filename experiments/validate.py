@@ -356,7 +356,9 @@ def main() -> None:
         in_place_rows[name] = [dataclasses.asdict(row) for row in placed]
         keep_readings()
         # the host contention likewise: the mean of the readings before and after the grid
-        # (on this VM one reading ranges 0-1.1 within the hour)
+        # (on this VM one reading ranges 0.007-0.55 over a day; the ablation
+        # so_far_contention: the median of every reading so far, experiments/README.md,
+        # session 43)
         contention.append(host_contention(args.stages, args.threads, pin_cores=args.pin))
         if not args.lean:
             sustained.append(host_contention(args.stages, args.threads, steps=SUSTAINED_STEPS,
@@ -384,6 +386,10 @@ def main() -> None:
                                                               landing_byte_s=0.0)),
                      "no_host_contention": (prof, dataclasses.replace(model_cluster,
                                                                       host_contention=0.0)),
+                     # the median of every contention reading so far, the calibration's
+                     # and those after each grid (a loaded moment's reading weighs less)
+                     "so_far_contention": (prof, bracketed(model_cluster, contention,
+                                                           gaps[-2:], in_action[-2:])),
                      **({"sustained_contention": (prof, dataclasses.replace(
                          model_cluster, host_contention=sum(sustained[-2:]) / 2)),
                          "ring_contention": (prof, dataclasses.replace(

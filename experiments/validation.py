@@ -338,28 +338,29 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 def bracketed(cluster: Cluster, contention: Sequence[float],
               gaps: Sequence[Sequence[float | None]],
               in_action: Sequence[float] = ()) -> Cluster:
-    """``cluster`` with the means of the readings around a model's grid: its host
-    contention, its gaps (``(action_gap_s, wakeup_gap_s, one for all,
+    """``cluster`` with the medians of the readings around a model's grid (of two, their
+    mean): its host contention, its gaps (``(action_gap_s, wakeup_gap_s, one for all,
     executor_gap_base_s, wakeup_curve)`` per reading, the last two from 2026-11-26 on; a
     reading without a wake-up gap leaves one gap for both) and, where given, its in-action overhead
     (``compute_overhead_s``)."""
+    median = statistics.median
     wakeups = [g[1] for g in gaps]
-    overhead = sum(in_action) / len(in_action) if in_action else cluster.compute_overhead_s
+    overhead = median(in_action) if in_action else cluster.compute_overhead_s
     # the executor's part of those gaps, where every reading has it (from 2026-11-26)
     bases = [float(g[3]) for g in gaps if len(g) > 3 and g[3] is not None]
     # and the wake-up's growth with the wait before it, point by point (from 2026-11-26)
     curves = [tuple((float(i), float(v)) for i, v in g[4]) for g in gaps if len(g) > 4 and g[4]]
     curve = cluster.wakeup_curve
     if curves and len(curves) == len(gaps) and len({tuple(i for i, _ in c) for c in curves}) == 1:
-        curve = tuple((i, sum(c[k][1] for c in curves) / len(curves))
+        curve = tuple((i, median(c[k][1] for c in curves))
                       for k, (i, _) in enumerate(curves[0]))
     return dataclasses.replace(
-        cluster, host_contention=sum(contention) / len(contention),
+        cluster, host_contention=median(contention),
         compute_overhead_s=overhead,
-        action_gap_s=sum(float(g[0] or 0.0) for g in gaps) / len(gaps),
+        action_gap_s=median(float(g[0] or 0.0) for g in gaps),
         wakeup_gap_s=(None if any(w is None for w in wakeups)
-                      else sum(float(w or 0.0) for w in wakeups) / len(wakeups)),
-        executor_gap_base_s=(sum(bases) / len(bases) if bases and len(bases) == len(gaps)
+                      else median(float(w or 0.0) for w in wakeups)),
+        executor_gap_base_s=(median(bases) if bases and len(bases) == len(gaps)
                              else cluster.executor_gap_base_s),
         wakeup_curve=curve)
 
@@ -372,7 +373,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
                   extras: dict[str, list] | None = None,
                   gaps: dict[str, list] | None = None,
                   gap_base_s: float | None = None,
-                  contention_scale: float = 1.0) -> pd.DataFrame:
+                  contention_scale: float = 1.0, readings: str = "bracketed") -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -401,9 +402,13 @@ def predict_saved(folder: Path, tag: str = "cpu",
     the old protocol (``messages="ring"``, before 2026-11-29: no
     ``host_contention_ring_readings`` in its summary), a what-if: its readings as the
     calibration's protocol since would have read them (``experiments/contention_waits.py``
-    measures the ratio)."""
+    measures the ratio); ``readings`` says which of the run's host-contention readings a
+    model is predicted with, their median (:data:`READINGS`): the two around its grid
+    (``"bracketed"``, as ``validate.py`` predicts), every one up to the one after its
+    grid (``"so_far"``, its ablation ``so_far_contention``) or every one of the run
+    (``"run"``)."""
     grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s,
-                      contention_scale)
+                      contention_scale, readings)
     # (each action at its stage's lone cost in place; how it shares the host stays the
     # model's: pipesim.cluster.InPlaceCost)
     clusters = {m: dataclasses.replace(c, in_place_costs=in_place_costs_of(costs[m]))
@@ -422,7 +427,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
 @dataclasses.dataclass
 class SavedGrid:
     """A saved ``validate.py`` grid as today's model predicts it (:func:`saved_grid`): its
-    table, each model's profile and cluster (readings bracketed as the run took them)."""
+    table, each model's profile and cluster (calibration readings as :func:`saved_grid`
+    reads them)."""
 
     table: pd.DataFrame
     profiles: dict[str, Profile]
@@ -436,6 +442,12 @@ class SavedGrid:
                     virtual_stages=2 if row.schedule in V_SCHEDULES else 1)
 
 
+#: which of a run's host-contention readings each model's grid is predicted with, their
+#: median (:func:`predict_saved`): a reading is taken before the first grid and after each
+#: one; the gaps and the in-action overhead always take the two around the grid
+READINGS = ("bracketed", "so_far", "run")
+
+
 def saved_grid(folder: Path, tag: str = "cpu",
                cluster_fields: dict[str, float | None] | None = None,
                slowdowns: dict[str, list] | None = None,
@@ -443,7 +455,7 @@ def saved_grid(folder: Path, tag: str = "cpu",
                extras: dict[str, list] | None = None,
                gaps: dict[str, list] | None = None,
                gap_base_s: float | None = None,
-               contention_scale: float = 1.0) -> SavedGrid:
+               contention_scale: float = 1.0, readings: str = "bracketed") -> SavedGrid:
     """The saved grid ``folder/validation_TAG.csv`` with the profile and cluster each model
     is predicted with today; the arguments are :func:`predict_saved`'s."""
     table = pd.read_csv(folder / f"validation_{tag}.csv")
@@ -453,7 +465,9 @@ def saved_grid(folder: Path, tag: str = "cpu",
     summary_path = folder / f"validation_{tag}.json"
     meta = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary = meta.get("summary", {})
-    readings = summary.get("host_contention_readings")
+    if readings not in READINGS:
+        raise ValueError(f"readings {readings!r}: one of {', '.join(READINGS)}")
+    contention_readings = summary.get("host_contention_readings")
     # (a run that kept the old protocol's readings beside its own was calibrated by today's)
     scale = 1.0 if "host_contention_ring_readings" in summary else contention_scale
     gap_readings = summary.get("gap_readings")
@@ -469,14 +483,21 @@ def saved_grid(folder: Path, tag: str = "cpu",
     if gaps is None:
         gaps = summary.get(IN_PLACE_KEYS["executor_gaps"], {})
 
-    def around(values: list | None, i: int, otherwise: Sequence) -> Sequence:
-        """The readings before and after model i's grid, where the run took them."""
-        return values[i:i + 2] if values and len(values) > i + 1 else otherwise
+    def around(values: list | None, i: int, otherwise: Sequence,
+               which: str = "bracketed") -> Sequence:
+        """The readings model i is predicted with, where the run took them: those before
+        and after its grid (``"bracketed"``), every one up to the one after it
+        (``"so_far"``) or every one of the run (``"run"``)."""
+        if not values or len(values) <= i + 1:
+            return otherwise
+        return {"bracketed": values[i:i + 2], "so_far": values[:i + 2], "run": values}[which]
 
     clusters: dict[str, Cluster] = {}
     for i, m in enumerate(table.model.unique()):
         clusters[m] = dataclasses.replace(
-            bracketed(cluster, [scale * c for c in around(readings, i, [cluster.host_contention])],
+            bracketed(cluster, [scale * c for c in around(contention_readings, i,
+                                                           [cluster.host_contention],
+                                                           readings)],
                       around(gap_readings, i, [(cluster.action_gap_s, cluster.wakeup_gap_s)]),
                       around(in_action_readings, i, ())),
             host_slowdowns=tuple((slowdowns or {}).get(m, ())),

@@ -2058,7 +2058,7 @@ def test_a_choice_between_plans_that_run_one_program_costs_nothing():
     assert f["regret"]["m"] == {"median_pct": 0.0, "max_pct": 0.0}
 
 
-def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
+def test_a_models_cluster_takes_the_medians_of_the_readings_it_is_given():
     from experiments.validation import bracketed
 
     base = Cluster([Device("a"), Device("b")], action_gap_s=1.0, wakeup_gap_s=1.0)
@@ -2081,6 +2081,37 @@ def test_a_models_cluster_takes_the_means_of_the_readings_around_its_grid():
     assert [p[1] for p in later.wakeup_curve] == pytest.approx([0.0, 3e-4])
     mixed = bracketed(base, [0.1], [(2e-4, 4e-4, 3e-4), (4e-4, 8e-4, 6e-4, 6e-5, [[0, 0]])])
     assert (mixed.executor_gap_base_s, mixed.wakeup_curve) == (0.0, ())
+    # more than two readings: their median, so that one loaded moment does not carry
+    assert bracketed(base, [0.02, 0.55, 0.08], [(2e-4, 4e-4, 3e-4)]).host_contention == \
+        pytest.approx(0.08)
+
+
+def test_a_model_takes_the_contention_readings_asked_for_and_its_gaps_around_its_grid(tmp_path):
+    import json
+
+    from experiments.validation import READINGS, saved_grid
+
+    uniform_profile(2).save(tmp_path / "profile_cpu_a.csv")
+    uniform_profile(2).save(tmp_path / "profile_cpu_b.csv")
+    Cluster([Device("a"), Device("b")]).save(tmp_path / "calibration_cpu.json")
+    pd.DataFrame([dict(model=m, balance="1,1", chunks=2, checkpoint="never", schedule="gpipe",
+                       predicted_ms=1.0, measured_ms=1.0) for m in ("a", "b")]).to_csv(
+        tmp_path / "validation_cpu.csv", index=False)
+    # a reading before the first grid and after each: b's grid lies between 0.5 and 0.1
+    (tmp_path / "validation_cpu.json").write_text(json.dumps({"summary": {
+        "host_contention_readings": [0.2, 0.5, 0.1],
+        "gap_readings": [[1e-4, 1e-4], [3e-4, 3e-4], [5e-4, 5e-4]]}}))
+    contention = {which: {m: c.host_contention for m, c in
+                          saved_grid(tmp_path, readings=which).clusters.items()}
+                  for which in READINGS}
+    assert contention["bracketed"] == pytest.approx({"a": 0.35, "b": 0.3})  # the default
+    assert saved_grid(tmp_path).clusters["b"].host_contention == pytest.approx(0.3)
+    assert contention["so_far"] == pytest.approx({"a": 0.35, "b": 0.2})
+    assert contention["run"] == pytest.approx({"a": 0.2, "b": 0.2})
+    # the gaps follow the hour: the two around the grid, whichever contention readings
+    assert saved_grid(tmp_path).clusters["b"].action_gap_s == pytest.approx(4e-4)
+    with pytest.raises(ValueError, match="readings 'all'"):
+        saved_grid(tmp_path, readings="all")
 
 
 def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path):
