@@ -2030,6 +2030,35 @@ def test_runs_pooled_keep_each_plans_bias_and_lose_the_drift_between_runs():
     assert f["per_run"]["r3"]["median_abs_error_pct"] == pytest.approx(10.0)
 
 
+def test_a_grids_error_splits_into_the_plans_bias_the_hours_shift_and_each_sides_scatter():
+    import math
+
+    import pandas as pd
+
+    from experiments.error_split import split
+
+    plan = {"model": "m", "balance": "1,1", "checkpoint": "never", "schedule": "gpipe"}
+    rows = []
+    # three runs at three speeds, the prediction following each run's speed; plan m=2
+    # predicted 10% over in every run (a bias); the measurement of m=4 in run r2 lucky
+    for run, speed in (("r1", 1.0), ("r2", 1.2), ("r3", 0.9)):
+        for chunks, bias in ((1, 1.0), (2, 1.1), (4, 1.0), (8, 1.0), (16, 1.0)):
+            luck = 0.8 if (run, chunks) == ("r2", 4) else 1.0
+            rows.append({**plan, "chunks": chunks, "run": run,
+                         "measured_ms": 10.0 * speed * luck,
+                         "predicted_ms": 10.0 * speed * bias})
+    parts = split(pd.DataFrame(rows), "predicted_ms")
+    assert parts["runs"] == 3 and parts["plans"] == 5
+    assert parts["shift_meas_sd_pct"] == pytest.approx(parts["shift_pred_sd_pct"])
+    assert parts["shift_error_sd_pct"] == pytest.approx(0.0, abs=1e-9)  # the hour cancels
+    assert parts["scatter_pred_sd_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert parts["scatter_meas_sd_pct"] > 5  # the lucky measurement alone
+    assert math.isnan(parts["scatter_correlation"])  # nothing for the prediction to follow
+    # per run, the median plan: on time (the bias and the luck are one plan's each)
+    assert parts["grid_median_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert parts["grid_median_abs_scatter_pct"] == pytest.approx(0.0, abs=1e-9)
+
+
 def test_a_choice_between_plans_that_run_one_program_costs_nothing():
     import pandas as pd
 
