@@ -26,7 +26,8 @@ machine).
                                        [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
-                                       [--gaps none|FILE]]
+                                       [--gaps none|FILE]
+                                       [--contention-readings bracketed|so_far|run]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json
 (``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
 ``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares; ``--name``

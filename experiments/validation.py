@@ -338,11 +338,11 @@ def ablation_errors(table: pd.DataFrame) -> dict[str, dict[str, float]]:
 def bracketed(cluster: Cluster, contention: Sequence[float],
               gaps: Sequence[Sequence[float | None]],
               in_action: Sequence[float] = ()) -> Cluster:
-    """``cluster`` with the medians of the readings around a model's grid (of two, their
-    mean): its host contention, its gaps (``(action_gap_s, wakeup_gap_s, one for all,
-    executor_gap_base_s, wakeup_curve)`` per reading, the last two from 2026-11-26 on; a
-    reading without a wake-up gap leaves one gap for both) and, where given, its in-action overhead
-    (``compute_overhead_s``)."""
+    """``cluster`` with the medians of the readings given (of the two around a model's
+    grid, their mean; :func:`saved_grid`'s ``readings``): its host contention, its gaps
+    (``(action_gap_s, wakeup_gap_s, one for all, executor_gap_base_s, wakeup_curve)`` per
+    reading, the last two from 2026-11-26 on; a reading without a wake-up gap leaves one
+    gap for both) and, where given, its in-action overhead (``compute_overhead_s``)."""
     median = statistics.median
     wakeups = [g[1] for g in gaps]
     overhead = median(in_action) if in_action else cluster.compute_overhead_s
