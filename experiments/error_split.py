@@ -34,8 +34,7 @@ import numpy as np
 import pandas as pd
 
 from experiments.common import write_results
-from experiments.grid_history import KEY, committed_runs, load_runs
-from pipesim.cluster import Cluster
+from experiments.grid_history import KEY, cluster_fields, committed_runs, in_every_run, load_runs
 
 
 def split(runs: pd.DataFrame, column: str) -> dict[str, float]:
@@ -74,24 +73,14 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="with --repredict: a Cluster field replaced in every run (a what-if)")
     args = ap.parse_args()
-    fields: dict[str, float | None] = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not value or name not in Cluster.__dataclass_fields__:
-            ap.error(f"--set {item!r}: expected FIELD=VALUE with a Cluster field")
-        try:
-            fields[name] = float(value)
-        except ValueError:
-            ap.error(f"--set {item!r}: {value!r} is not a number")
+    fields = cluster_fields(ap, args.set)
     if fields and not args.repredict:
         ap.error("--set needs --repredict")
     with tempfile.TemporaryDirectory() as tmp:
         folders = committed_runs(args.git, Path(tmp))
         runs = load_runs(folders, repredict=args.repredict, cluster_fields=fields or None)
     column = "predicted_ms_now" if args.repredict else "predicted_ms"
-    # plans every run measured (a grid's plans changed with its balances over the days)
-    counts = runs.groupby(KEY).run.nunique()
-    runs = runs.set_index(KEY).loc[counts[counts == len(folders)].index].reset_index()
+    runs = in_every_run(runs, len(folders))
     rows = [{"model": "all", **split(runs, column)}]
     rows += [{"model": m, **split(part, column)} for m, part in runs.groupby("model")]
     table = pd.DataFrame(rows)

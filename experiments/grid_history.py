@@ -27,7 +27,7 @@ machine).
                                        [--slowdowns run|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
                                        [--gaps none|FILE]
-                                       [--contention-readings bracketed|so_far|run]]
+                                       [--contention-readings so_far|run]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json
 (``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
 ``validate_threads.py`` runs, e.g. with ``--set thread_pairs=0`` by the shares; ``--name``
@@ -164,6 +164,28 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     return pd.concat(tables, ignore_index=True)
 
 
+def in_every_run(runs: pd.DataFrame, n_runs: int) -> pd.DataFrame:
+    """The rows of ``runs`` (one per run and plan) for the plans every one of the
+    ``n_runs`` runs measured (a grid's plans changed with its balances over the days)."""
+    counts = runs.groupby(KEY).run.nunique()
+    return runs.set_index(KEY).loc[counts[counts == n_runs].index].reset_index()
+
+
+def cluster_fields(ap: argparse.ArgumentParser, items: list[str]) -> dict[str, float | None]:
+    """``--set FIELD=VALUE`` items as Cluster fields (``none``: None); a bad item ends
+    the program through ``ap`` with an error that names it."""
+    fields: dict[str, float | None] = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if not value or name not in Cluster.__dataclass_fields__:
+            ap.error(f"--set {item!r}: expected FIELD=VALUE with a Cluster field")
+        try:
+            fields[name] = None if value.lower() == "none" else float(value)
+        except ValueError:
+            ap.error(f"--set {item!r}: {value!r} is not a number")
+    return fields
+
+
 def run_conditions(folders: list[Path], tag: str = "cpu") -> dict[str, dict]:
     """Per run, how steady the machine was (from ``validation_TAG.json``): its date, whether
     its ranks were pinned to their own cores (``validate.py --pin``), the
@@ -290,11 +312,11 @@ def main() -> None:
                     help="with --repredict: also predict without the executor gaps each run "
                     "measured ('none': predicted_ms_now_no_gaps), or with a file of them and "
                     "their base in their place (predicted_ms_now_gaps; in_place_costs.py)")
-    ap.add_argument("--contention-readings", default="", choices=("", *READINGS),
+    ap.add_argument("--contention-readings", default="", choices=("", *READINGS[1:]),
                     help="with --repredict: also predict with each model's host contention "
-                    "the median of these of the run's readings (bracketed: the two around "
-                    "its grid, the prediction's own; so_far: every one up to the one after "
-                    "its grid; run: all), predicted_ms_now_<it>_contention")
+                    "the median of these of the run's readings instead of the two around "
+                    "its grid (so_far: every one up to the one after its grid; run: all), "
+                    "predicted_ms_now_<it>_contention")
     args = ap.parse_args()
     if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps
             or args.scale_contention or args.contention_readings) and not args.repredict:
@@ -303,15 +325,7 @@ def main() -> None:
     if args.name and (args.name != Path(args.name).name or args.name.startswith(".")):
         ap.error(f"--name {args.name!r}: expected a file name without folders or a leading '.' "
                  "(written to experiments/results/)")
-    fields = {}
-    for item in args.set:
-        name, _, value = item.partition("=")
-        if not value or name not in Cluster.__dataclass_fields__:
-            ap.error(f"--set {item!r}: expected FIELD=VALUE with a Cluster field")
-        try:
-            fields[name] = None if value.lower() == "none" else float(value)
-        except ValueError:
-            ap.error(f"--set {item!r}: {value!r} is not a number")
+    fields = cluster_fields(ap, args.set)
     with tempfile.TemporaryDirectory() as tmp:
         folders = list(args.runs) + committed_runs(args.git, Path(tmp), args.tag)
         if not folders:
@@ -320,9 +334,7 @@ def main() -> None:
                          args.costs, args.idle, args.extras, args.gaps, args.scale_contention,
                          args.contention_readings)
         conditions = run_conditions(folders, args.tag)
-    counts = runs.groupby(KEY).run.nunique()
-    common = counts[counts == len(folders)].index  # plans every run measured
-    runs = runs.set_index(KEY).loc[common].reset_index()
+    runs = in_every_run(runs, len(folders))
     tables, summary = [], {}
     for column in prediction_columns(runs):
         plans = pooled(runs, column)

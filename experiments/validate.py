@@ -26,6 +26,7 @@ import dataclasses
 import functools
 import json
 import os
+import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -388,8 +389,8 @@ def main() -> None:
                                                                       host_contention=0.0)),
                      # the median of every contention reading so far, the calibration's
                      # and those after each grid (a loaded moment's reading weighs less)
-                     "so_far_contention": (prof, bracketed(model_cluster, contention,
-                                                           gaps[-2:], in_action[-2:])),
+                     "so_far_contention": (prof, dataclasses.replace(
+                         model_cluster, host_contention=statistics.median(contention))),
                      **({"sustained_contention": (prof, dataclasses.replace(
                          model_cluster, host_contention=sum(sustained[-2:]) / 2)),
                          "ring_contention": (prof, dataclasses.replace(

@@ -458,6 +458,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
                contention_scale: float = 1.0, readings: str = "bracketed") -> SavedGrid:
     """The saved grid ``folder/validation_TAG.csv`` with the profile and cluster each model
     is predicted with today; the arguments are :func:`predict_saved`'s."""
+    if readings not in READINGS:
+        raise ValueError(f"readings {readings!r}: one of {', '.join(READINGS)}")
     table = pd.read_csv(folder / f"validation_{tag}.csv")
     cluster = Cluster.load(folder / f"calibration_{tag}.json")
     profiles = {m: Profile.load(folder / f"profile_{tag}_{m}.csv") for m in table.model.unique()}
@@ -465,8 +467,6 @@ def saved_grid(folder: Path, tag: str = "cpu",
     summary_path = folder / f"validation_{tag}.json"
     meta = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     summary = meta.get("summary", {})
-    if readings not in READINGS:
-        raise ValueError(f"readings {readings!r}: one of {', '.join(READINGS)}")
     contention_readings = summary.get("host_contention_readings")
     # (a run that kept the old protocol's readings beside its own was calibrated by today's)
     scale = 1.0 if "host_contention_ring_readings" in summary else contention_scale
