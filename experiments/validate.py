@@ -448,7 +448,13 @@ def main() -> None:
     summary["replay_median_abs_error_pct"] = float(replay.replay_error_pct.abs().median())
     summary["replay_max_abs_error_pct"] = float(replay.replay_error_pct.abs().max())
     if choices:
-        summary["tuner_regret_confirmed_pct"] = max(max(c["regret_pct"] for c in choices), 0.0)
+        worst = max(choices, key=lambda c: c["regret_pct"])
+        summary["tuner_regret_confirmed_pct"] = max(worst["regret_pct"], 0.0)
+        # that model's rounds: their least and largest regret, and whether they disagree
+        # on its sign (a tie: validation.confirm_choice)
+        summary["tuner_regret_confirmed_range_pct"] = [worst.get("regret_low_pct", 0.0),
+                                                       worst.get("regret_high_pct", 0.0)]
+        summary["tuner_regret_confirmed_tie"] = bool(worst.get("tie", False))
     noise = pass_noise(measured_all)  # the same plan measured in two passes, minutes apart
     if noise is not None:
         summary["noise_floor_passes_median_pct"], summary["noise_floor_passes_max_pct"] = noise
