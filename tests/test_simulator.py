@@ -2000,7 +2000,7 @@ def test_the_tuners_pick_is_measured_again_beside_the_fastest_plan():
     assert calls == [[c, b, b, c, c, b, b, c, c, b]]
     assert out["chosen"] == c and out["best_measured"] == b and out["rounds"] == 5
     # each round's pair read together: the regret is the median of theirs, near the
-    # true 1 - 1/1.05 = 4.8% however the machine drifts, and no tie
+    # true 1 - 1/1.05 = 4.8% though the machine drifts 1% a run, and no tie
     assert out["regret_low_pct"] <= out["regret_pct"] <= out["regret_high_pct"]
     assert out["regret_low_pct"] > 3.5 and out["regret_high_pct"] < 6.0
     assert not out["tie"]
