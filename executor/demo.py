@@ -3,8 +3,9 @@
 Profiles the default built-in model on CPU, calibrates this machine's links and executor
 overheads, picks a balance by exact min-max partition, simulates GPipe and 1F1B under
 every checkpoint mode, lets the tuner choose a plan under a memory budget, executes the
-chosen plan for real (one process per stage, one thread each, as profiled) and compares
-prediction with measurement.  The table, the tuner's choice and the comparison all use the
+chosen plan for real (one process per stage, one thread each, as profiled, each on its
+own cores as ``experiments/validate.py`` places them) and compares prediction with
+measurement.  The table, the tuner's choice and the comparison all use the
 one calibrated cluster (``--quick``: the uncalibrated default, no calibration).
 Everything lands under ``--out``.
 """
@@ -35,6 +36,15 @@ from pipesim.trace import metrics
 from pipesim.tune import tune
 
 BATCH, CHUNKS, STAGES = 16, 4, 2
+#: each rank on its own cores, in the calibration and the run alike, as the validation
+#: grids whose errors the README reports run them (``validate.py --pin``, the default
+#: since 2026-11-24: unplaced, a message on this 2-core VM landed 0.27-2.6 ms after its
+#: post, pinned 0.14-0.60, ``experiments/executor_options.py``).  2026-11-29, the demo's
+#: chosen plan (GPT 1F1B [4,2] at 2 micro-batches, predicted 114.0 ms) by `pipesim run`,
+#: alternating: 124.4 and 127.5 ms unpinned, 117.5 and 118.1 pinned.  Whole demos that
+#: hour were noisier than the placement: pinned -15.1%, -29.7%, +5.3%, -3.2% against
+#: unpinned -15.8%, -6.0% (7 iterations each; the day's earlier unpinned demos -36% to -3%)
+PIN = True
 
 
 def main(args: argparse.Namespace) -> int:
@@ -52,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
         cluster = Cluster.cpu_processes(STAGES)
         print("    skipped (--quick): an uncalibrated cluster of CPU processes")
     else:
-        cluster = calibrate_cpu(STAGES)
+        cluster = calibrate_cpu(STAGES, pin_cores=PIN)
         cluster.save(out / "calibration.json")
     print("3/6 simulating ...")
     rows = []
@@ -79,7 +89,8 @@ def main(args: argparse.Namespace) -> int:
           f"({row.iteration_s * 1e3:.1f} ms an iteration, peak {row.peak_bytes / 2**20:.1f} MiB)")
     print("5/6 executing the chosen plan (one process per stage), comparing ...")
     job = functools.partial(builtin_job, DEFAULT_MODEL, BATCH)
-    measured, _ = spawn(job, best, iterations=3 if args.quick else 7, warmup=1)
+    measured, _ = spawn(job, best, iterations=3 if args.quick else 7, warmup=1,
+                        pin_cores=PIN)
     # the executor runs forward and backward only: its plan holds no optimizer state
     predicted = simulate(prof, dataclasses.replace(best, optimizer="sgd"), cluster)
     write_outputs(measured.trace, out, "measured", f"measured: {best.label()}")
