@@ -694,8 +694,8 @@ def confirm_choice(table: pd.DataFrame, plans: list[Plan], measure: Measure,
     pair = [plans[chosen], plans[best]]
     order = [p for r in range(rounds) for p in (pair if r % 2 == 0 else pair[::-1])]
     times = [metrics(t).iteration_time_s for t in measure(order)]
-    t_chosen = [times[2 * r + (r % 2)] for r in range(rounds)]
-    t_best = [times[2 * r + 1 - (r % 2)] for r in range(rounds)]
+    t_chosen = [t for p, t in zip(order, times, strict=True) if p is pair[0]]
+    t_best = [t for p, t in zip(order, times, strict=True) if p is pair[1]]
     each = [100 * (1 - b / c) for b, c in zip(t_best, t_chosen, strict=True)]
     return {**out, "chosen_ms": 1e3 * statistics.median(t_chosen),
             "best_ms": 1e3 * statistics.median(t_best),
