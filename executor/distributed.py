@@ -20,7 +20,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -91,6 +91,8 @@ class RankResult:
     #: seconds of the machine's speed reference read on this rank just before the plan
     #: (:func:`executor.timing.speed_reference`; 0: not read)
     reference_s: float = 0.0
+    #: the CPUs this rank's process ran on (its affinity as the plan ran)
+    cores: tuple[int, ...] = ()
 
 
 def send_order(schedule: Schedule, skips: tuple[tuple[str, int, int], ...],
@@ -331,6 +333,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               tags=options.get("tags"), groups=groups,
                               prefetch_after_inputs=options.get("prefetch_after_inputs", True))
             result.reference_s = reference
+            if cores:
+                result.cores = tuple(sorted(os.sched_getaffinity(0)))
             results.put(("ok", rank, (index, result)))
         dist.destroy_process_group()
     except BaseException as exc:
@@ -377,7 +381,7 @@ def spawn(job: Job, plan: Plan, *, schedule: Schedule | None = None,
 
 def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None] | None = None,
                 iterations: int | Sequence[int] = 5, warmup: int = 2, threads_per_rank: int = 1,
-                pin_cores: bool = False, timeout_s: float = 120.0,
+                pin_cores: bool | Mapping[int, set[int]] = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
                 track_memory: bool = True, tags: bool = True, directional: bool = True,
                 reference: bool = False, prefetch_after_inputs: bool = True
@@ -387,7 +391,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     Starting processes and the process group costs seconds, so grids share them.  Each
     plan may use the first ``plan.batch_size`` samples of the job's batch.
     ``fail_at={rank: "1F0"}`` injects a failure; ``pin_cores`` gives each rank its own
-    share of this process's CPUs; ``tags=False`` receives in send order as on NCCL (the
+    share of this process's CPUs (:func:`rank_cores`), or, as ``{rank: cores}``, the cores
+    named (``experiments/core_swap.py`` swaps them); ``tags=False`` receives in send order as on NCCL (the
     same code path, testable on gloo).  ``iterations`` is one count for every plan or one
     per plan (a short plan measured over more iterations: the same seconds of the run).
     ``directional`` sends messages up and down over groups of their own
@@ -413,7 +418,12 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
                "track_memory": track_memory, "tags": tags, "directional_groups": directional,
                "reference": reference, "prefetch_after_inputs": prefetch_after_inputs}
-    if pin_cores:
+    if isinstance(pin_cores, Mapping):
+        if sorted(pin_cores) != list(range(world)) or not all(pin_cores.values()):
+            raise ValueError(f"pin_cores: {dict(pin_cores)!r} does not name cores for each of "
+                             f"ranks 0..{world - 1}")
+        options["cores"] = {r: set(c) for r, c in pin_cores.items()}
+    elif pin_cores:
         options["cores"] = rank_cores(world)
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
@@ -465,7 +475,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
         meta = measured_meta(plan, schedule, "torch.distributed/gloo",
                              {r: f"rank{r}" for r in range(world)}, counts[index], warmup, losses,
                              peaks, TRACKED, memory_counted=TRACKED_COUNTS,
-                             threads_per_rank=threads_per_rank, pinned=pin_cores)
+                             threads_per_rank=threads_per_rank, pinned=bool(pin_cores))
+        if pin_cores:  # where each rank ran: which core a stage had can change its pace
+            meta["cores"] = {f"rank{r}": list(ranks[r].cores) for r in sorted(ranks)}
         if reference:  # the machine's speed just before the plan, the ranks' mean
             meta["reference_s"] = sum(r.reference_s for r in ranks.values()) / len(ranks)
         if track_memory:  # the tracked step's actions, beside its memory timeline

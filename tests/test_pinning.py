@@ -94,3 +94,24 @@ def test_threads_on_refuses_cores_the_process_does_not_have():
     assert os.sched_getaffinity(0) == mine
     with threads_on(None):  # nothing moves
         assert os.sched_getaffinity(0) == mine
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or len(os.sched_getaffinity(0)) < 2,
+                    reason="sched_setaffinity on two CPUs")
+def test_ranks_run_on_the_cores_named_and_a_map_must_name_every_rank():
+    import functools
+
+    from executor.distributed import spawn_plans
+    from executor.models import builtin_job
+    from pipesim.plan import Plan
+
+    job = functools.partial(builtin_job, "mlp", 4, width=8, depth=1, in_features=4)
+    plan = Plan([1, 1], 2, 4)
+    first, second = sorted(os.sched_getaffinity(0))[:2]
+    # the ranks swapped onto each other's usual cores (experiments/core_swap.py)
+    (result, ranks), = spawn_plans(job, [plan], iterations=1, warmup=0, track_memory=False,
+                                   pin_cores={0: {second}, 1: {first}})
+    assert ranks[0].cores == (second,) and ranks[1].cores == (first,)
+    assert result.trace.meta["cores"] == {"rank0": [second], "rank1": [first]}
+    with pytest.raises(ValueError, match="pin_cores"):
+        spawn_plans(job, [plan], pin_cores={0: {first}})
