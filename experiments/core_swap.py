@@ -18,7 +18,7 @@ core; the first stage slower wherever it runs says the stage.  Beside it, each c
 alone: one process times a stage's forward and backward pinned to core 0, then core 1, in
 alternation (``--alone-rounds``), with the other core idle.
 
-    python experiments/core_swap.py [--rounds 6] [--iterations 20]
+    python experiments/core_swap.py [--rounds 6] [--iterations 20] [--models mlp,gpt]
 Writes experiments/results/core_swap.csv (one row per plan, layout, round and stage),
 core_swap_alone.csv and core_swap.json (the medians).
 """
@@ -117,14 +117,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--alone-rounds", type=int, default=10)
+    ap.add_argument("--models", default=",".join(PLANS),
+                    help="comma-separated models of PLANS to measure")
+    ap.add_argument("--name", default="core_swap", help="results file name")
     args = ap.parse_args()
+    models = args.models.split(",")
+    if unknown := sorted(set(models) - set(PLANS)):
+        sys.exit(f"--models: {unknown} not among {sorted(PLANS)}")
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("core_swap.py needs two CPUs")
     alone = core_pace(args.alone_rounds)
     rows = []
     for k in range(args.rounds):
         for layout in (("usual", "swapped") if k % 2 == 0 else ("swapped", "usual")):
-            for model in PLANS:
+            for model in models:
                 rows += [dict(r, round=k) for r in measure(model, layout, args.iterations)]
             print(f"round {k}: {layout} done", flush=True)
     table = pd.DataFrame(rows)
@@ -140,8 +146,8 @@ def main() -> None:
     print(alone.groupby("core").ms.describe().round(3).to_string())
     print(med.assign(usual_over_swapped=med.usual / med.swapped).round(3).to_string())
     print(its.assign(usual_over_swapped=its.usual / its.swapped).round(3).to_string())
-    write_results("core_swap", table, {**machine(), "args": vars(args), "summary": summary})
-    write_results("core_swap_alone", alone, {**machine(), "args": vars(args)})
+    write_results(args.name, table, {**machine(), "args": vars(args), "summary": summary})
+    write_results(f"{args.name}_alone", alone, {**machine(), "args": vars(args)})
 
 
 if __name__ == "__main__":
