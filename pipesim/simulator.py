@@ -468,54 +468,10 @@ class _Run:
                 # (the interpreter, the engine and the device in one figure)
                 yield pairs.run_pass(seconds, step.pair_kind, step.pair_row)
             elif engine is not None and step.engine_s:
-                # a backward on an accelerator ends when its work is done and autograd's
-                # thread for the device has issued it, in turn with the other threads'
-                # backwards: for the measured share where the profile has one (two threads'
-                # backwards on one device measured together are this thread's turns), else
-                # for its host seconds
-                held = (step.interpreter_s or step.engine_s) * scale
-                # checkpointed: autograd's thread first re-runs the forward, Python that
-                # holds the interpreter as a forward does (in turn with the other threads'
-                # forwards), then issues the backward proper -- where that thread runs the
-                # re-run to itself, or where the interpreter's part is known (else the
-                # recomputation is the first part of the backward's one turn)
-                gil = interpreter if step.engine_interpreter_s > 0 else None
-                if step.recompute_s and (gil is not None or recomputing is not None):
-                    r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
-                    if step.interpreter_s and seconds > 0:
-                        # a share measured for the whole checkpointed backward: the
-                        # recomputation holds its part of it, the backward proper the rest
-                        # (not the whole share again on top of the recomputation's issue)
-                        r_held = r * held / seconds
-                    if recomputing is not None:
-                        # autograd's thread to itself while it issues the re-run forward:
-                        # after another stage's recomputation, serving no other backward
-                        turn = recomputing.request()
-                        yield turn
-                        r_begin = env.now
-                        engine.pause()
-                    kernels = progress(r, step.host_slowdown)
-                    issue = [host_side(
-                        timeout(r_held) if recomputing is not None
-                        else engine.run(r_held, step.interpreter_slowdown, priority))]
-                    if gil is not None:
-                        issue.append(host_side(gil.run(step.engine_interpreter_s * scale,
-                                                       step.interpreter_slowdown)))
-                    if recomputing is not None:
-                        # (the thread goes on once it has issued it; the device runs on)
-                        yield simpy.AllOf(env, issue)
-                        engine.resume()
-                        recomputing.release(turn)
-                    yield simpy.AllOf(env, [kernels, *issue])
-                    seconds, held = seconds - r, max(held - r_held, 0.0)
-                    recomputed = env.now
-                proper = [progress(seconds, step.host_slowdown),
-                          host_side(engine.run(held, step.interpreter_slowdown, priority))]
-                if interpreter is not None and step.engine_hooks_s:
-                    # the checkpoint's unpack hooks: Python, in turn with the other threads
-                    proper.append(host_side(interpreter.run(step.engine_hooks_s * scale,
-                                                            step.interpreter_slowdown)))
-                yield simpy.AllOf(env, proper)
+                # a backward issued by autograd's thread for the device (_on_engine)
+                r_begin, recomputed = yield from self._on_engine(
+                    step, seconds, scale, start, progress, host_side, engine,
+                    recomputing, interpreter, priority)
             elif interpreter is not None and step.interpreter_s:
                 # it ends when its work is done and so is its share under the interpreter,
                 # which waits its turn behind the other threads' (threads of one process)
@@ -558,6 +514,79 @@ class _Run:
                                                   written if blocking else end))
             if blocking and written > env.now:
                 yield timeout(written - env.now)
+
+    def _on_engine(self, step: Step, seconds: float, scale: float, start: float,
+                   progress: Callable[[float, float], simpy.Event],
+                   host_side: Callable[[simpy.Event], simpy.Event],
+                   engine: ProcessorSharing, recomputing: simpy.Resource | None,
+                   interpreter: ProcessorSharing | None, priority: float):
+        """Run a backward (``step``, ``seconds`` of work, its step's seconds times ``scale``)
+        that autograd's thread for an accelerator issues, from ``start``: a SimPy process
+        body (``yield from`` it) that returns ``(r_begin, recomputed)``, when its
+        recomputation began (``start`` unless it waited for autograd's thread) and ended
+        (-1: no recomputation apart).
+
+        It ends when its work is done (``progress``: on the device's streams) and autograd's
+        thread (``engine``) has issued it, in turn with the other threads' backwards: for
+        the measured share where the profile has one (two threads' backwards on one device
+        measured together are this thread's turns), else for its host seconds; by
+        ``priority``, the autograd nodes its worker's forwards create (module doc).
+        Checkpointed, that thread first re-runs the forward, Python that holds the
+        interpreter as a forward does (in turn with the other threads' forwards), then
+        issues the backward proper -- where that thread runs the re-run to itself
+        (``recomputing``: one at a time, serving no other backward meanwhile), or where the
+        interpreter's part is known; else the recomputation is the first part of the
+        backward's one turn::
+
+            engine      |R issue|== B proper issue ==|      (other threads' turns between)
+            device      |== R kernels ==|===== B proper =====|
+            interpreter |R's Python|         |hooks|          (checkpointed only)
+
+        ``host_side`` marks each host part, for the host that goes on once it has issued
+        (:attr:`pipesim.cluster.Cluster.issue_ahead`).
+        """
+        env = self.env
+        r_begin, recomputed = start, -1.0
+        held = (step.interpreter_s or step.engine_s) * scale
+        gil = interpreter if step.engine_interpreter_s > 0 else None
+        if step.recompute_s and (gil is not None or recomputing is not None):
+            r, r_held = step.recompute_s * scale, step.engine_recompute_s * scale
+            if step.interpreter_s and seconds > 0:
+                # a share measured for the whole checkpointed backward: the recomputation
+                # holds its part of it, the backward proper the rest (not the whole share
+                # again on top of the recomputation's issue)
+                r_held = r * held / seconds
+            turn = None
+            if recomputing is not None:
+                # autograd's thread to itself while it issues the re-run forward: after
+                # another stage's recomputation, serving no other backward
+                turn = recomputing.request()
+                yield turn
+                r_begin = env.now
+                engine.pause()
+            kernels = progress(r, step.host_slowdown)
+            issue = [host_side(
+                env.timeout(r_held) if recomputing is not None
+                else engine.run(r_held, step.interpreter_slowdown, priority))]
+            if gil is not None:
+                issue.append(host_side(gil.run(step.engine_interpreter_s * scale,
+                                               step.interpreter_slowdown)))
+            if recomputing is not None and turn is not None:
+                # (the thread goes on once it has issued it; the device runs on)
+                yield simpy.AllOf(env, issue)
+                engine.resume()
+                recomputing.release(turn)
+            yield simpy.AllOf(env, [kernels, *issue])
+            seconds, held = seconds - r, max(held - r_held, 0.0)
+            recomputed = env.now
+        proper = [progress(seconds, step.host_slowdown),
+                  host_side(engine.run(held, step.interpreter_slowdown, priority))]
+        if interpreter is not None and step.engine_hooks_s:
+            # the checkpoint's unpack hooks: Python, in turn with the other threads
+            proper.append(host_side(interpreter.run(step.engine_hooks_s * scale,
+                                                    step.interpreter_slowdown)))
+        yield simpy.AllOf(env, proper)
+        return r_begin, recomputed
 
     def _memory_changes(self, device: str, step: Step, accelerator: bool, r_begin: float,
                         r_end: float, end: float) -> None:
