@@ -46,7 +46,10 @@
 #           under `timeout 560` (its profiles now also time each pass beside each other
 #           pass, 16 pairs a size, for the variant threads_pairs: some 30-60 s a model
 #           more; where a call is short, `--models gpt` and `--models mlp`, one call
-#           and one --out folder each: a run starts its folder's grid files afresh)
+#           and one --out folder each: a run starts its folder's grid files afresh;
+#           mlp's profile's B|B pair says whether a plain backward holds autograd's
+#           thread for its host columns, which the traces' never plans deny and the
+#           grids' want: repredict_evidence.py's threads_no_bwd_hold, session 45)
 #           (2026-11-26 on an H200: 540 s with the stage memory, 80 s
 #           of it, and before the in-place costs, about 40-80 s more; a folder of its
 #           own: the default one holds the 2026-11-23 H100

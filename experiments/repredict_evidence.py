@@ -124,6 +124,10 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
     # other thread's backward nodes (its recomputation included), as before 2026-11-28:
     # the ablation of Cluster.recompute_holds_engine, on in every threads_* variant
     "threads_recompute_turns": lambda p, c: _node_order_with(p, c, recompute_holds_engine=False),
+    # threads_node_order with a plain backward holding autograd's thread for nothing (the
+    # host columns of backwards zeroed; a recomputation still holds it for its forward's):
+    # a what-if of what that hold stands in for, not a model (pipesim/MODEL.md, session 45)
+    "threads_no_bwd_hold": lambda p, c: VARIANTS["threads_node_order"](_without_bwd_hold(p), c),
     # threads_node_order, and each worker's host going on once it has issued an action
     # (its measured host seconds; a backward's, autograd's thread issuing it): the gap to
     # its next action hides behind the device's work where the host is ahead
@@ -150,6 +154,14 @@ IN_PLACE_VARIANTS = {"in_place_costs": "measured_streams",
                      "in_place_issue_ahead": "threads_issue_ahead",
                      "in_place_pairs": "threads_pairs",
                      "in_place_gaps": "threads_gaps"}
+
+
+def _without_bwd_hold(profile: Profile) -> Profile:
+    """``profile`` with no host seconds for any layer's backward (``host_bwd_s`` 0, where
+    the column is): a backward then issues in no time on autograd's thread."""
+    if "host_bwd_s" not in profile.table:
+        return profile
+    return Profile(profile.table.assign(host_bwd_s=0.0), profile.meta, profile.source)
 
 
 def _with_hook_shares(profile: Profile) -> Profile:
