@@ -391,10 +391,11 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     Starting processes and the process group costs seconds, so grids share them.  Each
     plan may use the first ``plan.batch_size`` samples of the job's batch.
     ``fail_at={rank: "1F0"}`` injects a failure; ``pin_cores`` gives each rank its own
-    share of this process's CPUs (:func:`rank_cores`), or, as ``{rank: cores}``, the cores
-    named (``experiments/core_swap.py`` swaps them); ``tags=False`` receives in send order as on NCCL (the
-    same code path, testable on gloo).  ``iterations`` is one count for every plan or one
-    per plan (a short plan measured over more iterations: the same seconds of the run).
+    share of this process's CPUs (:func:`rank_cores`), or, as ``{rank: cores}``, the
+    cores named (``experiments/core_swap.py`` swaps them); ``tags=False`` receives in
+    send order as on NCCL (the same code path, testable on gloo).  ``iterations`` is one
+    count for every plan or one per plan (a short plan measured over more iterations: the
+    same seconds of the run).
     ``directional`` sends messages up and down over groups of their own
     (:func:`directional_groups`; ``False``: every message over the default group).
     ``prefetch_after_inputs`` posts the receives of a rank's next action once its current
