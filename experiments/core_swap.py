@@ -12,9 +12,10 @@ their usual cores and swapped, in alternating sets of processes::
     swapped   rank 0 -> core 1, rank 1 -> core 0
     round k:  usual | swapped      round k+1: swapped | usual      ...
 
-and, per plan and layout, each stage's busy seconds an iteration (its F, B, ... actions'
-durations summed) and the iteration.  A stage slower on core 0 whichever it is says the
-core; the first stage slower wherever it runs says the stage.  Beside it, each core's pace
+and, per plan and layout, each stage's busy seconds an iteration (its F and B actions'
+durations summed, ``stage_busy_s`` of :func:`pipesim.trace.metrics`) and the iteration.
+A stage slower on core 0 whichever it is says the core; the first stage slower wherever
+it runs says the stage.  Beside it, each core's pace
 alone: one process times a stage's forward and backward pinned to core 0, then core 1, in
 alternation (``--alone-rounds``), with the other core idle.
 
@@ -55,18 +56,6 @@ PLANS = {"mlp": (Plan([4, 4], 8, BATCH, checkpoint="never", schedule="1f1b"),
 #: the two placements: rank -> its core
 LAYOUTS = {"usual": {0: {0}, 1: {1}}, "swapped": {0: {1}, 1: {0}}}
 
-#: the kinds of action that compute (not sends, receives or waits)
-COMPUTE = ("F", "B", "R", "I", "W")
-
-
-def busy_seconds(actions: pd.DataFrame, iterations: int) -> dict[int, float]:
-    """Each rank's compute seconds an iteration: its compute actions' durations summed
-    over the measured iterations, divided by their number."""
-    own = actions[actions.kind.isin(COMPUTE)]
-    spans = (own.end - own.start).groupby(own.device).sum()
-    return {int(d): float(s) / iterations for d, s in spans.items()}
-
-
 def measure(model: str, layout: str, iterations: int) -> list[dict]:
     """One set of processes in ``layout``: each plan of ``model``, its iteration and each
     stage's busy seconds, with the core that stage ran on."""
@@ -76,13 +65,14 @@ def measure(model: str, layout: str, iterations: int) -> list[dict]:
                        pin_cores=LAYOUTS[layout], threads_per_rank=1, track_memory=False)
     rows = []
     for plan, (result, _ranks) in zip(plans, runs, strict=True):
-        trace = result.trace
-        busy = busy_seconds(trace.actions, iterations)
+        # (each stage's F and B seconds an iteration, the median: a recomputation's R row
+        # lies inside its B and is not counted again)
+        m = metrics(result.trace)
         for stage in range(len(plan.balance)):
             rows.append({"model": model, "plan": plan.label(), "layout": layout,
                          "stage": stage, "core": min(LAYOUTS[layout][stage]),
-                         "busy_ms": 1e3 * busy.get(stage, 0.0),
-                         "iteration_ms": 1e3 * metrics(trace).iteration_time_s})
+                         "busy_ms": 1e3 * m.stage_busy_s.get(stage, 0.0),
+                         "iteration_ms": 1e3 * m.iteration_time_s})
     return rows
 
 
