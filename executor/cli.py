@@ -670,7 +670,9 @@ def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
     for (first, kind, ckpt), part in sorted(spans.items()):
         extra = "  ".join(f"{idle * 1e3:g} ms: {statistics.median(x.seconds for x in r) * 1e3:+.2f}"
                           for idle, r in sorted(_grouped(part, lambda r: r.idle_s).items()))
-        print(f"  stage {firsts.index(first)} {kind}{' checkpointed' if ckpt else ''}, "
+        # ("FB": a forward right after a backward that waited the idle)
+        what = "F after a B" if kind == "FB" else kind
+        print(f"  stage {firsts.index(first)} {what}{' checkpointed' if ckpt else ''}, "
               f"seconds more after an idle of {extra} ms")
 
 

@@ -106,7 +106,10 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     (a last stage starts its backward from its own loss, never waiting).  The step returns
     the seconds of its actions as the pipeline's recorder times them, and the executor's
     own seconds around each of them (:class:`pipesim.cluster.ExecutorGap`; 0 with an
-    idle): ``{"F": .., "B": .., "between": ..}``.  On a CUDA ``device`` the actions are
+    idle): ``{"F": .., "B": .., "between": ..}``.  With ``idle = ("FB", seconds)`` the
+    rank sleeps before its backward, and ``"F"`` is the forward of one more step run at
+    once after it: a 1F1B rank's forward, which follows a backward that waited for its
+    gradient (:attr:`pipesim.cluster.IdleCost.kind`).  On a CUDA ``device`` the actions are
     timed by the recorder's events (device seconds), the step's wall time between two
     synchronisations."""
     from executor.microbatch import scatter
@@ -133,8 +136,15 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     made: dict[tuple[int, str, int], torch.Tensor] = {}  # each message made once
 
     def step() -> dict[str, float]:
-        recorder = Recorder(rank, device)
         kind, seconds = idle
+        if kind == "FB":
+            # the backward after the wait, then the forward right after it
+            waited = run("B", seconds)
+            return {"F": run("", 0.0)["F"], "B": waited["B"], "between": 0.0}
+        return run(kind, seconds)
+
+    def run(kind: str, seconds: float) -> dict[str, float]:
+        recorder = Recorder(rank, device)
         transport = (_Late(shapes, device, kind, seconds, made) if seconds > 0
                      else _Made(shapes, device, made))
         if kind == "F" and rank == 0:  # its input is data: the wait comes before the step
@@ -419,6 +429,11 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
     return out
 
 
+#: what :func:`idle_costs` can time after a wait (:attr:`pipesim.cluster.IdleCost.kind`): a
+#: forward after a wait before it, a backward after one, a forward after a backward
+#: that waited
+IDLE_KINDS = ("F", "B", "FB")
+
 #: the idles (seconds) :func:`idle_costs` measures by default; 2 ms, once measured too,
 #: reads as well between 0.5 and 5 (``experiments/idle_subsets.py``)
 IDLE_S = (0.0005, 0.005, 0.02)
@@ -448,7 +463,8 @@ def spread_sizes(sizes: Sequence[int], count: int) -> list[int]:
 
 def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                idle_s: Sequence[float] = IDLE_S, size_points: int | None = IDLE_SIZES,
-               kinds: Sequence[str] = ("F", "B"), modes: Sequence[str] = ("never", "always"),
+               kinds: Sequence[str] = ("F", "B", "FB"),
+               modes: Sequence[str] = ("never", "always"),
                rounds: int = 15, threads: int = 1, pin_cores: bool = True,
                at_once: bool = False, device: str | None = None) -> list[IdleCost]:
     """What an action costs more when its rank has slept before it, measured in place.
@@ -462,20 +478,28 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
         hot        |F|B|            |F|B|
         before B   |F|---- idle ----|B.....|        B.....: slower by `seconds`
         before F   |---- idle ----|F.....|B|
+        after B    |F|---- idle ----|B|F.....|B|    kind "FB": the forward after it
 
     On this project's shared VM what a rank touched fades from its caches while it waits
     (other tenants' work: spinning instead of sleeping fades it as much), and the action
     after a wait pays the misses: a backward 0.1-0.3 ms more after 2 ms, 0.3-0.9 ms after
     20 ms, 0.6-1.2 ms checkpointed (2026-11-25, ``experiments/idle_costs.py``), nearly the
-    same at every micro-batch size.  On a stage whose actions take milliseconds one step's
-    own noise is larger than that, so ``seconds`` is the median over the sizes of (the
-    median action after the idle less the median hot one); ``after_idle_s`` keeps each
+    same at every micro-batch size.  What a forward touches is not all a backward touches:
+    in a 1F1B pipeline a rank's forward comes right after a backward that waited for its
+    gradient, and pays for that wait too (kind ``"FB"``: on this project's VM a lone MLP
+    stage's forward at 2 samples took 0.24 ms after a forward, 0.31 after a backward, 0.37
+    and 0.43 after a backward that followed 1 and 3 ms asleep -- 0.46 and 0.50 right after
+    the sleep, ``experiments/idle_kinds.py``, 2026-11-29).  On a stage
+    whose actions take milliseconds one step's own noise is larger than that, so
+    ``seconds`` is the median over the sizes of (the median action after the idle less the
+    median hot one); ``after_idle_s`` keeps each
     size's own median and ``hot_s`` the hot one.  One :class:`pipesim.cluster.IdleCost`
     per stage, action kind, size, checkpoint mode and idle (no backward of the last
-    stage: it starts from its own loss, never waiting).  Each timed step follows
+    stage, nor a forward after one: it starts from its own loss, never waiting).  Each timed step follows
     :data:`SETTLE_S` of untimed ones (two at least), so that "at once" is the rank's steady
     pace.  Seconds spent: about ``rounds * len(modes) * len(sizes) * len(balance) *
-    (len(kinds) * len(idle_s) + 1)`` times (two steps or 10 ms, the step, the idle):
+    (len(kinds) * len(idle_s) + 1)`` times (two steps or 10 ms, the step, the idle; an
+    ``"FB"`` one step more):
     5-10 minutes for the CPU grid's six layouts by default.
 
     ``size_points``: measure only that many of ``sizes``, spread over them
@@ -504,8 +528,8 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     idles = sorted({float(d) for d in idle_s})
     if not idles or idles[0] <= 0:
         raise ValueError(f"idle_s must hold positive seconds, got {list(idle_s)}")
-    if not kinds or set(kinds) - {"F", "B"}:
-        raise ValueError(f"kinds must be 'F' and/or 'B', got {list(kinds)}")
+    if not kinds or set(kinds) - set(IDLE_KINDS):
+        raise ValueError(f"kinds must be some of {', '.join(IDLE_KINDS)}, got {list(kinds)}")
     if size_points is not None:
         sizes = spread_sizes(sizes, size_points)
     keys = [HOT, *((kind, idle) for kind in kinds for idle in idles)]
@@ -517,9 +541,9 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                                                device=device):
         for mode in modes:
             for kind in kinds:
-                if kind == "B" and rank == len(balance) - 1:
-                    continue
-                k = 0 if kind == "F" else 1
+                if kind != "F" and rank == len(balance) - 1:
+                    continue  # (a last stage's backward starts from its loss: no wait)
+                k = 1 if kind == "B" else 0
                 hot = {b: results[(mode, b, HOT)][k] for b in sizes}
                 for idle in idles:
                     after = {b: results[(mode, b, (kind, idle))][k] for b in sizes}

@@ -403,6 +403,11 @@ def main() -> None:
                      **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
                                                                      idle_costs=()))}
                         if waits else {}),
+                     # a forward after a backward that waited paying only its own wait
+                     # (the in-place "FB" rows left out: every run before 2026-11-30)
+                     **({"no_after_wait": (prof, dataclasses.replace(model_cluster, idle_costs=tuple(
+                         x for x in waits if x.kind != "FB")))}
+                        if any(x.kind == "FB" for x in waits) else {}),
                      **({"no_checkpoint_extras": (prof, dataclasses.replace(
                          model_cluster, checkpoint_extras=()))} if extras else {}),
                      **({"no_executor_gaps": (prof, dataclasses.replace(

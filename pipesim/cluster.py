@@ -103,6 +103,12 @@ class IdleCost:
 
         message there    |F|B|
         after a wait     |F|------ idle_s ------|B.......|     (B....: + seconds)
+        kind "FB"        |F|------ idle_s ------|B|F.......|   (F....: + seconds)
+
+    Kind ``"FB"`` is the forward right after a backward that waited ``idle_s``: a 1F1B
+    rank's forward, which a wait before the backward slows as well on a host whose caches
+    fade (what a forward touches is not all a backward touches), and not on one whose
+    cost of a wait is its core's own (any action warms it again).
     """
 
     first: int
@@ -414,10 +420,11 @@ class Cluster:
         self.idle_costs = tuple(x if isinstance(x, IdleCost) else IdleCost(**x)
                                 for x in self.idle_costs)
         for cost in self.idle_costs:
-            if not cost.idle_s > 0 or not math.isfinite(cost.seconds) or cost.kind not in ("F", "B"):
+            if (not cost.idle_s > 0 or not math.isfinite(cost.seconds)
+                    or cost.kind not in ("F", "B", "FB")):
                 raise ClusterError(f"idle cost of layers [{cost.first}, {cost.stop}) at "
                                    f"{cost.micro_batch} samples needs idle_s > 0, finite "
-                                   f"seconds and kind 'F' or 'B', got {cost.idle_s}, "
+                                   f"seconds and kind 'F', 'B' or 'FB', got {cost.idle_s}, "
                                    f"{cost.seconds} and {cost.kind!r}")
         self.checkpoint_extras = tuple(x if isinstance(x, CheckpointExtra) else CheckpointExtra(**x)
                                        for x in self.checkpoint_extras)

@@ -315,4 +315,4 @@ def with_profile_seconds(rows: Sequence[IdleCost], profile: Profile, cluster: Cl
     alone = {(b, ckpt): profile_seconds(profile, cluster, list(balance), b, ckpt)
              for b in {r.micro_batch for r in rows} for ckpt in (False, True)}
     return [dataclasses.replace(r, profile_s=alone[(r.micro_batch, r.checkpointed)][
-        firsts.index(r.first)][0 if r.kind == "F" else 1]) for r in rows]
+        firsts.index(r.first)][1 if r.kind == "B" else 0]) for r in rows]

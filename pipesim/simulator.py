@@ -40,6 +40,12 @@ action ran on it meanwhile, nothing: the device never idled::
     one core    t0 |F0|                 |B0|        the core ran F1, B1 meanwhile:
                 t1     |F1|B1|                     B0 runs at the profile's pace
 
+A forward right after a backward that waited pays the larger of its own wait's cost and
+what the cluster measured for a forward after such a backward (kind ``"FB"`` of
+:class:`pipesim.cluster.IdleCost`, read at the backward's wait; none where not measured)::
+
+    1F1B        t0 |F1|send|..wait..|B0|F2'|     F2' pays the "FB" curve at the wait
+
 Where messages cost their receiver (:attr:`pipesim.cluster.Cluster.landing_s`), each one
 that arrives while its receiving worker computes makes that action longer by its cost
 (the rank's communication thread reading it on the action's core); one the worker waits
@@ -393,6 +399,9 @@ class _Run:
         reached = previous = 0.0  # when the worker moved to this step, and to the one before
         posted = 0.0  # when it posted the receives of the step after the one it is at
         idled = -1.0  # when the worker's last compute action ended (-1: none yet)
+        # the wait before that action where it was a backward (-1: it was not): what the
+        # forward right after it pays for too (Step.after_wait_curve)
+        backward_waited = -1.0
         host_free = 0.0  # when its host went on from its last action (issue_ahead)
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
@@ -451,7 +460,13 @@ class _Run:
                 # not where another worker's action ran on a device they share meanwhile
                 # (stage threads on one core): that device never idled, and runs at the
                 # steady pace the profile measures
-                seconds = max(seconds + read_curve(step.idle_curve, start - idled), 0.0)
+                faded = read_curve(step.idle_curve, start - idled)
+                if step.after_wait_curve and backward_waited >= 0:
+                    # a forward right after a backward that waited: what faded meanwhile
+                    # from what the forward touches, measured in place (kind "FB")
+                    faded = max(faded, read_curve(step.after_wait_curve, backward_waited))
+                seconds = max(seconds + faded, 0.0)
+            backward_waited = start - idled if step.kind == BACKWARD and idled >= 0 else -1.0
             if busy is not None:
                 busy[0] += 1
             if jitter is not None and rng is not None:

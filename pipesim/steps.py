@@ -72,6 +72,10 @@ class Step(NamedTuple):
     #: before it (the last point's beyond); empty: nothing (:meth:`StepBuilder.idle_curve`;
     #: a forward or a full backward)
     idle_curve: tuple[tuple[float, float], ...] = ()
+    #: a forward's extra seconds (as ``idle_curve``'s, the same baseline) right after a
+    #: backward on its worker that waited, read at that backward's wait: the in-place
+    #: ``"FB"`` curve (:class:`pipesim.cluster.IdleCost`); empty: none measured
+    after_wait_curve: tuple[tuple[float, float], ...] = ()
     #: seconds it pauses beyond the cluster's calibrated gap before it starts, where its
     #: input was there when its worker reached it (below 0: less): its stage's executor
     #: work between actions, measured in place (:meth:`pipesim.cluster.Cluster.executor_gap`)
@@ -207,6 +211,7 @@ class StepBuilder:
                          interpreter_s=0.0 if measured is not None else seconds * c.interpreter_fwd_share,
                          interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
                          idle_curve=idle,
+                         after_wait_curve=(self.idle_curve(s, mb, "FB") if idle else ()),
                          gap_s=gap,
                          issue_s=0.0 if measured is not None else seconds * c.host_fwd_share)
         in_grad = boundary

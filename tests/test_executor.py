@@ -924,11 +924,12 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
     rows = idle_costs(job, [1, 3], [2, 4], idle_s=(0.003, 0.001), modes=("never",), rounds=2,
                       pin_cores=False)
-    # one row per stage, kind, size and idle; no backward of the last stage (it starts
-    # from its own loss)
+    # one row per stage, kind, size and idle; no backward of the last stage, nor a
+    # forward after one (it starts from its own loss)
     assert sorted((r.first, r.stop, r.kind, r.micro_batch, r.checkpointed, r.idle_s)
                   for r in rows) == sorted(
-        [(0, 1, k, b, False, idle) for k in "FB" for b in (2, 4) for idle in (0.001, 0.003)]
+        [(0, 1, k, b, False, idle) for k in ("F", "B", "FB") for b in (2, 4)
+         for idle in (0.001, 0.003)]
         + [(1, 4, "F", b, False, idle) for b in (2, 4) for idle in (0.001, 0.003)])
     assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in rows)
     for key in {(r.first, r.kind, r.idle_s) for r in rows}:  # the median of the sizes' own
@@ -938,13 +939,15 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
     # every rank at once: the same rows, in a round a phase (not one a rank)
     together = idle_costs(job, [1, 3], [2], idle_s=(0.001,), modes=("never",), rounds=1,
                           pin_cores=False, at_once=True)
-    assert sorted((r.first, r.kind) for r in together) == [(0, "B"), (0, "F"), (1, "F")]
+    assert sorted((r.first, r.kind) for r in together) == [(0, "B"), (0, "F"), (0, "FB"),
+                                                           (1, "F")]
     assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in together)
     # the in-process executor's stages (threads): each stage in this process in turn
     threads = torch.get_num_threads()
     in_process = idle_costs(job, [1, 3], [2], idle_s=(0.001,), modes=("never",), rounds=1,
                             device="cpu")
-    assert sorted((r.first, r.kind) for r in in_process) == [(0, "B"), (0, "F"), (1, "F")]
+    assert sorted((r.first, r.kind) for r in in_process) == [(0, "B"), (0, "F"), (0, "FB"),
+                                                             (1, "F")]
     assert all(r.hot_s > 0 and r.after_idle_s > 0 for r in in_process)
     assert torch.get_num_threads() == threads  # the caller's, kept
     # the sleep falls before the action, outside it: between F and B, or before F
@@ -955,13 +958,19 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
         seconds = step()
         assert time.perf_counter() - t0 >= 0.05
         assert seconds["F"] < 0.05 and seconds["B"] < 0.05
+    # "FB": asleep before the backward, then a step more, whose forward it times
+    step = _stage_step(job, [1, 3], 0, 2, idle=("FB", 0.05))
+    step()
+    t0 = time.perf_counter()
+    seconds = step()
+    assert time.perf_counter() - t0 >= 0.05 and seconds["F"] < 0.05 and seconds["B"] < 0.05
     # by default three of the sizes, spread over them in log2 (the curve reads between)
     spread = idle_costs(job, [1, 3], [1, 2, 4, 8], idle_s=(0.001,), modes=("never",),
                         rounds=1, pin_cores=False, kinds=("F",))
     assert sorted({r.micro_batch for r in spread}) == [1, 2, 8]
     with pytest.raises(ValueError, match="idle_s must hold positive seconds"):
         idle_costs(job, [1, 3], [2], idle_s=(0.0,))
-    with pytest.raises(ValueError, match="kinds must be 'F' and/or 'B'"):
+    with pytest.raises(ValueError, match="kinds must be some of F, B, FB"):
         idle_costs(job, [1, 3], [2], kinds=("W",))
     with pytest.raises(ValueError, match="at least 2 stages"):
         idle_costs(job, [4], [2])

@@ -543,6 +543,47 @@ def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_s
     assert (replay.end - replay.start).max() == pytest.approx(1.0)
 
 
+def test_a_forward_right_after_a_backward_that_waited_pays_the_curve_measured_for_it():
+    # 1F1B: stage 0's backward waits for its gradient, then its next forward follows at
+    # once; that forward pays the "FB" curve at the backward's wait (what it touches
+    # faded meanwhile), where without one it pays its own curve at the gap before it (none)
+    from pipesim.cluster import IdleCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="1f1b")
+    # stage 0's forward at 1 sample: +0.1 s after 1 s idle before it; right after a
+    # backward that waited 1 s, +0.5 s, and 4 s or more, +1 s
+    own = (IdleCost(0, 1, 1, False, 1.0, 0.1, "F"), IdleCost(0, 1, 1, False, 4.0, 0.1, "F"))
+    after = (IdleCost(0, 1, 1, False, 1.0, 0.5, "FB"), IdleCost(0, 1, 1, False, 4.0, 1.0, "FB"))
+
+    def stage0(rows: tuple) -> pd.DataFrame:
+        a = simulate(prof, plan, Cluster([Device("a"), Device("b")], idle_costs=rows)).actions
+        return a[a.kind.isin(["F", "B"]) & (a.stage == 0)].sort_values("start").reset_index(
+            drop=True)
+
+    plain, measured = stage0(own), stage0(own + after)
+    # F0 F1 B0 F2 B1 F3 B2 B3: B0 waits 2..4 s for stage 1's first backward, F2 follows it
+    assert measured.kind.tolist() == list("FFBFBFBB")
+    assert measured.start[2] - measured.end[1] == pytest.approx(2.0)
+    assert measured.start[3] == pytest.approx(measured.end[2])
+    assert plain.end[3] - plain.start[3] == pytest.approx(1.0)  # no wait just before it
+    assert measured.end[3] - measured.start[3] == pytest.approx(1.0 + 0.5 + 0.5 / 3)
+    # every forward after a backward: the larger of its own wait's and the backward's
+    for i in range(1, len(measured)):
+        if measured.kind[i] == "F" and measured.kind[i - 1] == "B":
+            gap = measured.start[i] - measured.end[i - 1]
+            waited = measured.start[i - 1] - measured.end[i - 2]
+            extra = max(np.interp(gap, [0.0, 1.0, 4.0], [0.0, 0.1, 0.1]),
+                        np.interp(waited, [0.0, 1.0, 4.0], [0.0, 0.5, 1.0]))
+            assert measured.end[i] - measured.start[i] == pytest.approx(1.0 + extra)
+    # (the backwards were not measured: their profile either way); a cluster's file
+    # keeps the curve
+    assert set((measured.end - measured.start)[measured.kind == "B"].round(9)) == {2.0}
+    c = Cluster([Device("a")], idle_costs=after)
+    assert Cluster.from_dict(c.to_dict()).idle_cost(0, 1, 1, False, "FB") == (
+        (0.0, 0.0), (1.0, 0.5), (4.0, 1.0))
+
+
 def test_an_idle_cost_is_not_paid_where_another_stage_thread_kept_the_shared_core_busy():
     # the same plan and idle curve: each worker on a core of its own pays it after its own
     # wait; two workers taking turns on one core do not, the core never idling (on the
@@ -617,7 +658,7 @@ def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_pat
     assert Cluster.load(c.save(tmp_path / "c.json")).idle_costs == c.idle_costs
     with pytest.raises(ClusterError, match=r"layers \[0, 3\) at 2 samples needs idle_s > 0"):
         Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.0, 1e-3),))
-    with pytest.raises(ClusterError, match=r"kind 'F' or 'B', got 0\.01, 0\.001 and 'W'"):
+    with pytest.raises(ClusterError, match=r"kind 'F', 'B' or 'FB', got 0\.01, 0\.001 and 'W'"):
         Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.01, 1e-3, "W"),))
 
 
