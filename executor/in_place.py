@@ -463,8 +463,7 @@ def spread_sizes(sizes: Sequence[int], count: int) -> list[int]:
 
 def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                idle_s: Sequence[float] = IDLE_S, size_points: int | None = IDLE_SIZES,
-               kinds: Sequence[str] = ("F", "B", "FB"),
-               modes: Sequence[str] = ("never", "always"),
+               kinds: Sequence[str] = ("F", "B"), modes: Sequence[str] = ("never", "always"),
                rounds: int = 15, threads: int = 1, pin_cores: bool = True,
                at_once: bool = False, device: str | None = None) -> list[IdleCost]:
     """What an action costs more when its rank has slept before it, measured in place.
@@ -486,21 +485,23 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     20 ms, 0.6-1.2 ms checkpointed (2026-11-25, ``experiments/idle_costs.py``), nearly the
     same at every micro-batch size.  What a forward touches is not all a backward touches:
     in a 1F1B pipeline a rank's forward comes right after a backward that waited for its
-    gradient, and pays for that wait too (kind ``"FB"``: on this project's VM a lone MLP
-    stage's forward at 2 samples took 0.24 ms after a forward, 0.31 after a backward, 0.37
-    and 0.43 after a backward that followed 1 and 3 ms asleep -- 0.46 and 0.50 right after
-    the sleep, ``experiments/idle_kinds.py``, 2026-11-29).  On a stage
-    whose actions take milliseconds one step's own noise is larger than that, so
-    ``seconds`` is the median over the sizes of (the median action after the idle less the
-    median hot one); ``after_idle_s`` keeps each
-    size's own median and ``hot_s`` the hot one.  One :class:`pipesim.cluster.IdleCost`
-    per stage, action kind, size, checkpoint mode and idle (no backward of the last
-    stage, nor a forward after one: it starts from its own loss, never waiting).  Each timed step follows
-    :data:`SETTLE_S` of untimed ones (two at least), so that "at once" is the rank's steady
-    pace.  Seconds spent: about ``rounds * len(modes) * len(sizes) * len(balance) *
-    (len(kinds) * len(idle_s) + 1)`` times (two steps or 10 ms, the step, the idle; an
-    ``"FB"`` one step more):
-    5-10 minutes for the CPU grid's six layouts by default.
+    gradient, and pays for that wait too (kind ``"FB"``, on request: on this project's VM a
+    lone MLP stage's forward at 2 samples took 0.24 ms after a forward, 0.31 after a
+    backward, 0.37 and 0.43 after a backward that followed 1 and 3 ms asleep -- 0.46 and
+    0.50 right after the sleep, ``experiments/idle_kinds.py``; in place MLP [4,4]'s first
+    stage 0.50-0.72 ms after 0.5-20 ms against 0.44 hot, so little at a 1F1B rank's
+    0.1-0.3 ms waits that three grids predicted within 0.03 points of without it,
+    2026-11-29/30: not measured by default).  On a stage whose actions take milliseconds
+    one step's own noise is larger than that, so ``seconds`` is the median over the sizes
+    of (the median action after the idle less the median hot one); ``after_idle_s`` keeps
+    each size's own median and ``hot_s`` the hot one.  One
+    :class:`pipesim.cluster.IdleCost` per stage, action kind, size, checkpoint mode and
+    idle (no backward of the last stage, nor a forward after one: it starts from its own
+    loss, never waiting).  Each timed step follows :data:`SETTLE_S` of untimed ones (two
+    at least), so that "at once" is the rank's steady pace.  Seconds spent: about
+    ``rounds * len(modes) * len(sizes) * len(balance) * (len(kinds) * len(idle_s) + 1)``
+    times (two steps or 10 ms, the step, the idle; an ``"FB"`` one step more): 5-10
+    minutes for the CPU grid's six layouts by default.
 
     ``size_points``: measure only that many of ``sizes``, spread over them
     (:func:`spread_sizes`; None: all); :meth:`pipesim.cluster.Cluster.idle_cost` reads

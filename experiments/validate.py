@@ -137,6 +137,11 @@ def main() -> None:
                     help="measure each balance's idle costs in place and predict with them "
                     "(default; about 5 more minutes; the ablation no_idle_costs predicts "
                     "without; --no-idle-costs neither measures nor uses them)")
+    ap.add_argument("--after-wait", action="store_true",
+                    help="with the idle costs, also measure a forward right after a backward "
+                    "that waited (their kind FB; about 3 more minutes; the ablation "
+                    "no_after_wait predicts without): the 98th-100th grids' protocol, which "
+                    "moved their median by 0.03 points at most")
     # (the 16-core H200 host's 4-rank grid, 2026-11-26, without them: actions after 3-30 ms
     # idle ran 1.2-1.4x their profile, hot ones 0.97-1.04x; its error was all under)
     ap.add_argument("--checkpoint-extras", action=argparse.BooleanOptionalAction, default=True,
@@ -279,7 +284,8 @@ def main() -> None:
         # read against the profile below, taken in the same run)
         waited = {balance: idle_costs(job, balance, sizes_of_plans, rounds=IDLE_ROUNDS,
                                       threads=args.threads, pin_cores=args.pin,
-                                      at_once=args.idle_at_once)
+                                      at_once=args.idle_at_once,
+                                      kinds=("F", "B", "FB") if args.after_wait else ("F", "B"))
                   for balance in balances} if args.idle_costs else {}
         clock.mark(f"{name}: idle costs")
 
@@ -404,7 +410,8 @@ def main() -> None:
                                                                      idle_costs=()))}
                         if waits else {}),
                      # a forward after a backward that waited paying only its own wait
-                     # (the in-place "FB" rows left out: every run before 2026-11-30)
+                     # (the in-place "FB" rows left out: measured with --after-wait, as
+                     # the 98th-100th grids, 2026-11-29/30, were)
                      **({"no_after_wait": (prof, dataclasses.replace(model_cluster, idle_costs=tuple(
                          x for x in waits if x.kind != "FB")))}
                         if any(x.kind == "FB" for x in waits) else {}),

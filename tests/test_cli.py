@@ -242,12 +242,11 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     assert "stage 0 B" in text and "plans of balance [1, 3] pay them" in text
     cluster = Cluster.load(out)
     rows = cluster.idle_costs
-    # both stages' forwards, the first stage's backward and its forward after one that
-    # waited, plain and checkpointed, per size and idle (the last stage's backward starts
-    # from its own loss: never after a wait)
+    # both stages' forwards, the first stage's backward, plain and checkpointed, per size
+    # and idle (the last stage's backward starts from its own loss: never after a wait)
     assert {(r.first, r.stop, r.kind, r.checkpointed) for r in rows} == {
         (0, 1, "F", False), (0, 1, "F", True), (0, 1, "B", False), (0, 1, "B", True),
-        (0, 1, "FB", False), (0, 1, "FB", True), (1, 4, "F", False), (1, 4, "F", True)}
+        (1, 4, "F", False), (1, 4, "F", True)}
     assert {r.micro_batch for r in rows} == {2, 4} and all(r.profile_s > 0 for r in rows)
     # what the simulator reads: a curve from idle 0 for the measured stages, none elsewhere
     curve = cluster.idle_cost(0, 1, 2, False, "B")
@@ -285,10 +284,10 @@ def test_calibrate_threads_measures_idle_costs_and_extras_in_this_process(tmp_pa
     assert "plans of balance [1, 3], [2, 2] pay them" in text
     cluster = Cluster.load(out)
     # the stage threads' cluster, with the idle costs read against the profile: both
-    # stages' forwards, the first one's backward and its forward after one that waited,
-    # plain and checkpointed, at both sizes, for each balance
+    # stages' forwards and the first one's backward, plain and checkpointed, at both
+    # sizes, for each balance
     assert {d.process for d in cluster.devices} == {"main"}
-    first_kinds, last_kinds = ("F", "B", "FB"), ("F",)
+    first_kinds, last_kinds = ("F", "B"), ("F",)
     assert {(r.first, r.stop, r.kind, r.checkpointed) for r in cluster.idle_costs} == {
         (first, stop, kind, c) for first, stop, kinds in ((0, 1, first_kinds), (1, 4, last_kinds),
                                                           (0, 2, first_kinds), (2, 4, last_kinds))
