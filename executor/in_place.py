@@ -49,7 +49,7 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
+from pipesim.cluster import IDLE_KINDS, CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
 from pipesim.plan import Plan
 
 
@@ -428,11 +428,6 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
         first += layers
     return out
 
-
-#: what :func:`idle_costs` can time after a wait (:attr:`pipesim.cluster.IdleCost.kind`): a
-#: forward after a wait before it, a backward after one, a forward after a backward
-#: that waited
-IDLE_KINDS = ("F", "B", "FB")
 
 #: the idles (seconds) :func:`idle_costs` measures by default; 2 ms, once measured too,
 #: reads as well between 0.5 and 5 (``experiments/idle_subsets.py``)

@@ -74,7 +74,7 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import CheckpointExtra, ExecutorGap, InPlaceCost, in_place_costs_of
+from pipesim.cluster import IDLE_KINDS, CheckpointExtra, ExecutorGap, InPlaceCost, in_place_costs_of
 from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
@@ -285,7 +285,7 @@ def main() -> None:
         waited = {balance: idle_costs(job, balance, sizes_of_plans, rounds=IDLE_ROUNDS,
                                       threads=args.threads, pin_cores=args.pin,
                                       at_once=args.idle_at_once,
-                                      kinds=("F", "B", "FB") if args.after_wait else ("F", "B"))
+                                      kinds=IDLE_KINDS if args.after_wait else ("F", "B"))
                   for balance in balances} if args.idle_costs else {}
         clock.mark(f"{name}: idle costs")
 

@@ -128,6 +128,11 @@ class IdleCost:
     profile_s: float = 0.0
 
 
+#: what an :class:`IdleCost` times after a wait: a forward after a wait before it, a
+#: backward after one, a forward right after a backward that waited
+IDLE_KINDS = ("F", "B", "FB")
+
+
 @dataclass(frozen=True)
 class CheckpointExtra:
     """What checkpointing adds to the backward of layers ``[first, stop)`` at
@@ -421,7 +426,7 @@ class Cluster:
                                 for x in self.idle_costs)
         for cost in self.idle_costs:
             if (not cost.idle_s > 0 or not math.isfinite(cost.seconds)
-                    or cost.kind not in ("F", "B", "FB")):
+                    or cost.kind not in IDLE_KINDS):
                 raise ClusterError(f"idle cost of layers [{cost.first}, {cost.stop}) at "
                                    f"{cost.micro_batch} samples needs idle_s > 0, finite "
                                    f"seconds and kind 'F', 'B' or 'FB', got {cost.idle_s}, "
