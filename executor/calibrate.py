@@ -513,11 +513,11 @@ def calibrate_cpu(n_devices: int = 2, *, threads_per_rank: int = 1,
                    host_contention=host_contention(n_devices, threads_per_rank,
                                                    pin_cores=pin_cores), host_cores=slots,
                    landing_s=landing["landing_s"], landing_byte_s=landing["landing_byte_s"],
-                   # the gloo transport (executor.transport): sends kept, receives posted
-                   # ahead (once the action before has its inputs: StageRunner), and a
-                   # send written from the sender's own thread
+                   # the gloo transport (executor.transport): sends kept, every receive
+                   # posted as the step starts (StageRunner), and a send written from the
+                   # sender's own thread
                    sender_keeps_sends=True, receives_ahead=True, receives_after_inputs=True,
-                   blocking_sends=True,
+                   receives_at_start=True, blocking_sends=True,
                    name=name)
 
 

@@ -149,7 +149,7 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
              timeout_s: float = 120.0, fail_at: str | None = None,
              return_grads: bool = False, track_memory: bool = True,
              tags: bool | None = None, groups: tuple[Any, Any] = (None, None),
-             prefetch_after_inputs: bool = True) -> RankResult:
+             prefetch_after_inputs: bool = True, receives_at_start: bool = True) -> RankResult:
     """Run this rank's part of ``schedule`` (process group already initialised).
 
     Every rank passes the same ``inputs``/``targets``; rank of stage 0 reads the inputs,
@@ -190,7 +190,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
             recorder.origin_event.record()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport, recorder,
                              fail_at=fail_at, skips=skips,
-                             prefetch_after_inputs=prefetch_after_inputs)
+                             prefetch_after_inputs=prefetch_after_inputs,
+                             receives_at_start=receives_at_start)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         runner.run(schedule.order[rank], xs, ys)
@@ -230,7 +231,8 @@ def run_rank(rank: int, module: nn.Sequential, loss_fn: Callable, inputs: torch.
         t0 = time.perf_counter()
         runner = StageRunner(rank, mine, plan, loss_fn, device, transport,
                              Recorder(rank, device, origin=t0), skips=skips,
-                             prefetch_after_inputs=prefetch_after_inputs)
+                             prefetch_after_inputs=prefetch_after_inputs,
+                             receives_at_start=receives_at_start)
         if device.type == "cuda":
             runner.recorder.origin_event = torch.cuda.Event(enable_timing=True)
             runner.recorder.origin_event.record()
@@ -331,7 +333,8 @@ def _worker(rank: int, world: int, port: int, job: Job, runs: list[tuple[Plan, S
                               return_grads=options.get("return_grads", False),
                               track_memory=options.get("track_memory", True),
                               tags=options.get("tags"), groups=groups,
-                              prefetch_after_inputs=options.get("prefetch_after_inputs", True))
+                              prefetch_after_inputs=options.get("prefetch_after_inputs", True),
+                              receives_at_start=options.get("receives_at_start", True))
             result.reference_s = reference
             if cores:
                 result.cores = tuple(sorted(os.sched_getaffinity(0)))
@@ -384,7 +387,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
                 pin_cores: bool | Mapping[int, set[int]] = False, timeout_s: float = 120.0,
                 fail_at: dict[int, str] | None = None, return_grads: bool = False,
                 track_memory: bool = True, tags: bool = True, directional: bool = True,
-                reference: bool = False, prefetch_after_inputs: bool = True
+                reference: bool = False, prefetch_after_inputs: bool = True,
+                receives_at_start: bool = True
                 ) -> list[tuple[RunResult, dict[int, RankResult]]]:
     """Run several plans (same number of ranks) in one set of processes, one after another.
 
@@ -400,7 +404,9 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     (:func:`directional_groups`; ``False``: every message over the default group).
     ``prefetch_after_inputs`` posts the receives of a rank's next action once its current
     action's inputs are in (``False``: before waiting for them; see
-    :meth:`executor.stage.StageRunner._inputs_in`).
+    :meth:`executor.stage.StageRunner._inputs_in`); ``receives_at_start`` posts every
+    receive of a rank's step as the step starts (``False``: action by action; see
+    :meth:`executor.stage.StageRunner.run`).
     ``reference`` reads the machine's speed before each plan, every rank in turn timing
     the whole model's forward on :data:`REFERENCE_SAMPLES` samples
     (:func:`executor.timing.speed_reference`): ``meta["reference_s"]``, the ranks' mean.
@@ -418,7 +424,8 @@ def spawn_plans(job: Job, plans: list[Plan], *, schedules: list[Schedule | None]
     options = {"iterations": counts, "warmup": warmup, "threads_per_rank": threads_per_rank,
                "timeout_s": timeout_s, "fail_at": fail_at or {}, "return_grads": return_grads,
                "track_memory": track_memory, "tags": tags, "directional_groups": directional,
-               "reference": reference, "prefetch_after_inputs": prefetch_after_inputs}
+               "reference": reference, "prefetch_after_inputs": prefetch_after_inputs,
+               "receives_at_start": receives_at_start}
     if isinstance(pin_cores, Mapping):
         if sorted(pin_cores) != list(range(world)) or not all(pin_cores.values()):
             raise ValueError(f"pin_cores: {dict(pin_cores)!r} does not name cores for each of "

@@ -22,6 +22,17 @@ iterations whose median message took over 1 ms).  Options (``--option``):
   2026-11-27) against before waiting for them, ranks pinned.  Also per plan: the inputs
   that came after their receiver was ready with their sender computing, their mean transit
   (``transit_ms``) and the share over 1 ms.
+* ``receives_at_start``: a rank posts every receive of its step as the step starts
+  (:meth:`executor.stage.StageRunner.run`, the default since 2026-11-30) against action
+  by action (once the action before has its inputs), ranks pinned.  Seen on this
+  project's VM (2026-11-30 02:54, 3 rounds of 12 iterations; medians, off -> on), every
+  plan faster: MLP GPipe [4,4] at 16 micro-batches 43.1 -> 37.1 ms (the median message
+  2.0 -> 1.1 ms, steps with a slow one 75% -> 42%), GPipe [1,7] 64.1 -> 57.4 (1.4 -> 0.26
+  ms), 1F1B [4,4] 51.2 -> 47.5; U-Net GPipe [8,5] 81.2 -> 67.3, 1F1B 74.5 -> 65.2, at 4
+  micro-batches 57.3 -> 49.4; GPT 1F1B [3,3] at 8 87.8 -> 84.6.  An earlier reading of
+  the hour, 3 rounds with a window of four receives ahead beside them, alike (MLP GPipe
+  [4,4] 38.3 -> 28.9, the window 34.0; 1F1B [4,4] 38.8 -> 31.7, GPT GPipe [3,3] at 16
+  87.8 -> 87.1).
 
     python experiments/executor_options.py [--option pin_cores] [--rounds 2] [--iterations 8]
 Writes experiments/results/OPTION.csv (``pinning.csv`` for pin_cores; one row per plan,
@@ -48,7 +59,7 @@ from pipesim.plan import Plan
 
 #: per model, plans of the CPU grid whose steps exchange many messages
 PLANS = {"unet": [("1f1b", [8, 5], 16), ("1f1b", [8, 5], 4), ("gpipe", [8, 5], 16)],
-         "mlp": [("1f1b", [4, 4], 16), ("gpipe", [1, 7], 16)],
+         "mlp": [("1f1b", [4, 4], 16), ("gpipe", [1, 7], 16), ("gpipe", [4, 4], 16)],
          "gpt": [("1f1b", [3, 3], 8)]}
 
 
@@ -56,7 +67,9 @@ PLANS = {"unet": [("1f1b", [8, 5], 16), ("1f1b", [8, 5], 4), ("gpipe", [8, 5], 1
 OPTIONS = {"pin_cores": ("pin_cores", "pinning", {}),
            "directional": ("directional", "directional", {"pin_cores": True}),
            "prefetch_after_inputs": ("prefetch_after_inputs", "prefetch_after_inputs",
-                                     {"pin_cores": True})}
+                                     {"pin_cores": True, "receives_at_start": False}),
+           "receives_at_start": ("receives_at_start", "receives_at_start",
+                                 {"pin_cores": True})}
 
 
 def _row(model: str, plan: Plan, actions: pd.DataFrame, option: str, on: bool,

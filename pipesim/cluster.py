@@ -330,6 +330,11 @@ class Cluster:
     #:     False   ^ F2's buffer held from here
     #:     True               ^ from here
     receives_after_inputs: bool = False
+    #: with ``receives_ahead``: a worker posts every receive of its step as the step
+    #: starts, so each receive buffer exists from then (the executor's default since
+    #: 2026-11-30, ``StageRunner(receives_at_start=True)``: over gloo a message sent before
+    #: its receive is posted waits for the sender's I/O thread, behind the sender's compute)
+    receives_at_start: bool = False
     #: a send occupies its sender until its bytes are written: gloo over TCP writes a
     #: message whose receive is posted from the calling thread (``dist.isend`` returns
     #: after 1 MiB in 0.5 ms, 4 MiB in 1.7 ms on this project's VM), so the worker starts
@@ -574,7 +579,7 @@ class Cluster:
                     for i in range(n)],
                    link=Link(60e-6, 2e9), compute_overhead_s=30e-6, transfer_overhead_s=20e-6,
                    sender_keeps_sends=True, receives_ahead=True, receives_after_inputs=True,
-                   blocking_sends=True, name="cpu_processes")
+                   receives_at_start=True, blocking_sends=True, name="cpu_processes")
 
     @classmethod
     def cpu_threads(cls, n: int, cores: int = 0, memory_bytes: float = math.inf) -> Cluster:
@@ -650,6 +655,7 @@ class Cluster:
                        sender_keeps_sends=bool(d.get("sender_keeps_sends", False)),
                        receives_ahead=bool(d.get("receives_ahead", False)),
                        receives_after_inputs=bool(d.get("receives_after_inputs", False)),
+                       receives_at_start=bool(d.get("receives_at_start", False)),
                        blocking_sends=bool(d.get("blocking_sends", False)),
                        issue_ahead=bool(d.get("issue_ahead", False)),
                        thread_pairs=bool(d.get("thread_pairs", False)),

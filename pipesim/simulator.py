@@ -114,7 +114,8 @@ Memory per physical device (bytes; see :class:`pipesim.costs.StageCost`):
                 its re-run forward goes (StageCost.recompute_walk), then freed with
                 the stash as the backward walks back
     received    + input bytes when an activation arrives from another device (or
-                from when its receive is posted, Cluster.receives_ahead), + output
+                from when its receive is posted, Cluster.receives_ahead: at the step's
+                start with Cluster.receives_at_start), + output
                 bytes when a gradient arrives; freed at the end of B(s, m); skips and
                 their gradients alike (see pipesim.steps.StepBuilder.with_skips)
     transient   during F: its temporaries (profiled ``fwd_transient_bytes``); during B:
@@ -378,6 +379,7 @@ class _Run:
         wakeup_after = sim.cluster.wakeup_after if sim.cluster.wakeup_curve else None
         blocking = sim.cluster.blocking_sends
         ahead = track and sim.cluster.receives_ahead
+        at_start = sim.cluster.receives_at_start
         # (posted once the action before has its inputs, unless that action belongs to a
         # micro-batch whose backward is split: Cluster.receives_after_inputs)
         split = sim.steps.split if ahead and sim.cluster.receives_after_inputs else None
@@ -406,10 +408,11 @@ class _Run:
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
-                # its receive was posted as the worker moved to the step before this one,
-                # or as that one started (Cluster.receives_after_inputs)
-                deltas.append((device, previous if split is None else posted, step.recv_bytes,
-                               RECEIVED))
+                # its receive was posted as the step started (Cluster.receives_at_start), as
+                # the worker moved to the step before this one, or as that one started
+                # (Cluster.receives_after_inputs)
+                deltas.append((device, 0.0 if at_start else previous if split is None
+                               else posted, step.recv_bytes, RECEIVED))
             blocked = False  # whether the worker reached the step before its input
             arrived = 0.0  # when the last of its inputs that were there arrived
             for base in step.waits:

@@ -836,11 +836,14 @@ def test_stage_order_alone_times_a_stage_in_each_schedules_order():
                                ("gpipe", "F", "F"): 3 * runs}
 
 
-@pytest.mark.parametrize("after_inputs", [True, False])
-def test_a_stage_posts_its_next_receives_once_its_current_inputs_are_in(after_inputs):
+@pytest.mark.parametrize("after_inputs,at_start", [(True, False), (False, False),
+                                                    (True, True)])
+def test_a_stage_posts_its_next_receives_once_its_current_inputs_are_in(after_inputs, at_start):
     """Posting a receive while a message streams in on the same gloo connection stalls
     it (experiments/send_then_compute.py, ``next``): a stage waits for its action's inputs
-    before it posts the next action's receives, then computes."""
+    before it posts the next action's receives, then computes.  By default every receive
+    of the step is posted as it starts, before any message can come (a message sent
+    before its receive is posted waits for the sender's I/O thread)."""
     from executor.pipeline import stage_skips
     from executor.recorder import Recorder
     from executor.stage import StageRunner
@@ -863,10 +866,14 @@ def test_a_stage_posts_its_next_receives_once_its_current_inputs_are_in(after_in
     runner = StageRunner(0, {1: part}, plan, loss_fn, torch.device("cpu"),
                          Logged(message_shapes(module, plan, x), torch.device("cpu")),
                          Recorder(0, torch.device("cpu")), skips=stage_skips(module, plan),
-                         prefetch_after_inputs=after_inputs)
+                         prefetch_after_inputs=after_inputs, receives_at_start=at_start)
     runner.run(tuple(a for a in schedule.order[1] if a.stage == 1), None, None)
     # the middle stage's GPipe order: F0 F1 B1 B0
-    if after_inputs:
+    if at_start:  # every receive posted first (later posts of them change nothing)
+        assert log[:4] == [("post", "F", 0), ("post", "F", 1), ("post", "B", 1), ("post", "B", 0)]
+        assert [e for e in log if e[0] == "recv"] == [("recv", "F", 0), ("recv", "F", 1),
+                                                      ("recv", "B", 1), ("recv", "B", 0)]
+    elif after_inputs:
         assert log == [("recv", "F", 0), ("post", "F", 1), ("recv", "F", 1), ("post", "B", 1),
                        ("recv", "B", 1), ("post", "B", 0), ("recv", "B", 0)]
     else:  # before waiting for them, as until 2026-11-27

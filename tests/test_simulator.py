@@ -1126,7 +1126,12 @@ def test_receives_posted_ahead_hold_their_buffer_from_the_step_before():
     assert level(after, "dev1", 0.5) == 100
     assert level(after, "dev1", 1.0) == level(ahead, "dev1", 1.0)
     assert Cluster.from_dict(after.to_dict()).receives_after_inputs
-    for cluster in (base, ahead, after):  # everything allocated is freed by the step's end
+    # the executor's order since 2026-11-30: every receive posted as the step starts
+    # (device 1's four inputs, 100 bytes each), each freed as its backward ends
+    start = dataclasses.replace(after, receives_at_start=True)
+    assert level(start, "dev1", 0.0) == 400
+    assert Cluster.from_dict(start.to_dict()).receives_at_start
+    for cluster in (base, ahead, after, start):  # everything allocated is freed by the end
         mem = simulate(prof, plan, cluster).memory
         assert (mem.bytes >= 0).all()
         assert mem.groupby("device").bytes.last().eq(0).all()
@@ -1140,10 +1145,10 @@ def test_receives_posted_after_inputs_balance_with_split_backwards(schedule, bal
     prof = uniform_profile(2 * v, fwd_s=1.0, bwd_s=2.0, act_bytes=100, saved_bytes=300,
                            param_bytes=0)
     plan = Plan([1] * (2 * v), 4, 4, checkpoint="never", schedule=schedule, virtual_stages=v)
-    for after in (False, True):
+    for after, at_start in ((False, False), (True, False), (True, True)):
         cluster = Cluster([Device("d0"), Device("d1")], link=Link(0.1, 1e4),
                           sender_keeps_sends=True, receives_ahead=True,
-                          receives_after_inputs=after)
+                          receives_after_inputs=after, receives_at_start=at_start)
         _assert_memory_balances(prof, plan, cluster, abs_tol=1e-6)
 
 
