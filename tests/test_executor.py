@@ -87,6 +87,25 @@ def test_processes_gradients_equal_unpipelined(tags, directional):
         assert set(result.trace.actions.device) == {0, 1}
 
 
+@pytest.mark.slow
+def test_processes_gradients_equal_unpipelined_with_every_receive_posted_at_the_start():
+    # from the second step on the gloo transport knows every message's shape, and a rank
+    # posts all of its step's receives as the step starts (StageRunner.receives_at_start):
+    # split backwards and virtual stages included, the gradients stay the unpipelined
+    # model's (the grads returned are the last step's)
+    job = functools.partial(builtin_job, "mlp", BATCH, dtype="float64", **MLP)
+    ref_loss, ref_grads = reference(job)
+    plans = [Plan(b, 4, BATCH, checkpoint="except_last", schedule=s, virtual_stages=v)
+             for s, b, v in PLANS if len(b) // v == 2]
+    for plan, (result, ranks) in zip(plans, spawn_plans(job, plans, iterations=2, warmup=1,
+                                                        return_grads=True), strict=True):
+        assert result.loss == pytest.approx(ref_loss, rel=1e-12), plan.label()
+        grads = {k: torch.from_numpy(v) for r in ranks.values() for k, v in r.grads.items()}
+        assert set(grads) == set(ref_grads), plan.label()
+        for name, g in grads.items():
+            assert torch.allclose(g, ref_grads[name], rtol=1e-12, atol=1e-12), (plan.label(), name)
+
+
 def test_messages_up_and_down_take_a_group_each():
     # a rank's sends to a higher rank and its receives from a lower one share the "up"
     # group; the other direction the "down" group: two ranks sending to each other at
