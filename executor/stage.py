@@ -113,7 +113,10 @@ class StageRunner:
         for i, action in enumerate(actions):
             try:
                 key = (action.stage, action.microbatch)
-                if i + 1 < len(actions):  # the next action's input may land meanwhile
+                # the next action's input may land meanwhile (posted already where every
+                # receive went at the start: a transport posts only what it knows the shape
+                # of, which the step's first receive of each message teaches it)
+                if i + 1 < len(actions) and not self.receives_at_start:
                     if (self.prefetch_after_inputs and key not in self._split
                             and action.kind in (FORWARD, BACKWARD)):
                         self._prefetch_next = actions[i + 1]  # once this one's are in

@@ -381,8 +381,10 @@ class _Run:
         ahead = track and sim.cluster.receives_ahead
         at_start = sim.cluster.receives_at_start
         # (posted once the action before has its inputs, unless that action belongs to a
-        # micro-batch whose backward is split: Cluster.receives_after_inputs)
-        split = sim.steps.split if ahead and sim.cluster.receives_after_inputs else None
+        # micro-batch whose backward is split: Cluster.receives_after_inputs; none of
+        # that to follow where every receive goes at the step's start)
+        split = (sim.steps.split if ahead and sim.cluster.receives_after_inputs
+                 and not at_start else None)
         # (an accelerator's host runs ahead of its device: Cluster.issue_ahead)
         accelerator = sim.cluster.devices[w].on_accelerator
         issue_ahead = sim.cluster.issue_ahead and accelerator
