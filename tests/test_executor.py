@@ -1033,3 +1033,28 @@ def test_host_contention_refuses_one_worker_and_an_unknown_protocol():
         measure_contention(1)
     with pytest.raises(ValueError, match="messages must be one of"):
         measure_contention(2, messages="mail")
+
+
+def test_pipeline_vs_alone_pairs_each_stage_in_the_pipeline_with_itself_alone():
+    """Each round runs the plan as a pipeline and every stage alone in the same order:
+    one row per stage, kind and kind before, with the ratio of the two medians."""
+    from experiments.pipeline_vs_alone import by_order, pair_rounds, summarise
+
+    rounds = pair_rounds("mlp", (2, 3), 4, ["gpipe", "1f1b"], rounds=1, iterations=2,
+                         sizes=dict(width=32, depth=4, in_features=32))
+    assert (rounds.pipeline_s > 0).all() and (rounds.alone_s > 0).all()
+    table = summarise(rounds).set_index(["schedule", "stage", "kind", "before"])
+    # GPipe: forwards after forwards, backwards after backwards (and the first backward
+    # after the last forward) on both stages; 1F1B's last stage alternates F B F B
+    assert {("gpipe", s, k, b) for s in (0, 1) for k, b in (("F", "F"), ("B", "B"), ("B", "F"))
+            } <= set(table.index)
+    assert ("1f1b", 1, "F", "B") in table.index and ("1f1b", 1, "B", "F") in table.index
+    ratio = table.pipeline_ms / table.alone_ms
+    assert ((table.ratio - ratio).abs() < 1e-9).all()  # one round: the ratio of the two
+
+    # by_order: the first action of each stage's iteration has no kind before it
+    actions = pd.DataFrame({"iteration": [0] * 4, "stage": [0, 0, 0, 1],
+                            "kind": ["F", "F", "B", "F"], "microbatch": [0, 1, 0, 0],
+                            "start": [0.0, 1.0, 3.0, 0.5], "end": [0.5, 2.0, 6.0, 1.5]})
+    medians = by_order(actions)
+    assert medians.to_dict() == {(0, "B", "F"): 3.0, (0, "F", "F"): 1.0}

@@ -1,0 +1,189 @@
+"""What an action costs inside the running pipeline against the same action alone, paired.
+
+A stage's forward or backward in a ``validate.py`` grid often runs well over what its
+profile and in-place readings give it (MLP [4,4]'s first stage at 16 micro-batches:
+backwards 1.0-1.5 ms where the stage alone takes 0.85).  Three candidate causes: the
+other rank computing beside it (shared caches, memory), the waits before it (a vCPU that
+halts, as this VM's ``haltpoll`` idles with no polling), and the messages themselves
+(gloo's threads on the rank's core).  Read across minutes, this VM's pace drifts by as
+much (the same plan's backward 0.92 -> 1.22 ms a minute apart), so this pairs them:
+each round runs the plan as a pipeline (pinned ranks over gloo, every receive posted at
+the step's start) and, at once after, every stage alone in the same order on its rank's
+core (``executor.stage_alone.SynthTransport``: its inputs synthesised, nothing sent),
+optionally sleeping ``--sleep-us`` before each receive, and optionally with the other
+stages alone at the same time on their cores (``--together``: the neighbours' compute
+without a message)::
+
+    round r   pipeline |== plan, 2 ranks ==|  alone |stage 0|stage 1|  (or together)
+              ratio(stage, kind, kind before) = pipeline median / alone median
+
+Per round the ratio of the medians, then the median over rounds (the drift cancels
+within a round).
+
+    python experiments/pipeline_vs_alone.py [--model mlp] [--balance 4,4] [--chunks 16]
+        [--schedules gpipe,1f1b] [--rounds 3] [--iterations 20] [--sleep-us 0] [--together]
+Writes experiments/results/pipeline_vs_alone.csv (per schedule, stage, kind and the kind
+before: the medians over rounds of the pipeline's and the alone ms and of their ratio)
+and .json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import multiprocessing as mp
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import pandas as pd
+import torch
+import torch.distributed as dist
+
+from executor import stage_alone
+from executor.cores import threads_on
+from executor.distributed import _free_port, rank_cores, spawn_plans
+from executor.host_allocator import retain_freed_memory
+from executor.models import builtin_job
+from experiments.common import machine, write_results
+from experiments.stage_order_alone import time_orders
+from experiments.validate import BATCH, MODELS
+from pipesim.plan import Plan
+from pipesim.trace import Trace
+
+KEYS = ["schedule", "stage", "kind", "before"]
+
+
+def by_order(actions: pd.DataFrame) -> pd.Series:
+    """Median seconds of a run's forwards and backwards per stage, kind and the kind of
+    the stage's action before it in its iteration (the first of each left out)."""
+    a = actions[actions.kind.isin(["F", "B"])].sort_values(["iteration", "stage", "start"])
+    before = a.groupby(["iteration", "stage"]).kind.shift(1)
+    a = a.assign(before=before, seconds=a.end - a.start).dropna(subset=["before"])
+    return a.groupby(["stage", "kind", "before"]).seconds.median()
+
+
+def _alone(model: str, balance: tuple[int, ...], chunks: int, stage: int, schedule: str,
+           iterations: int, sleep_s: float, sizes: dict, port: int, cores: set[int],
+           out) -> None:
+    """One stage alone in ``schedule``'s order on ``cores`` (a spawned process, as a
+    pinned rank runs: one torch thread, freed memory kept); puts ``(stage, medians)``.
+    With a ``port`` the stages first join one gloo process group, as the pipeline's
+    ranks do (its threads started), and send nothing over it."""
+    if port:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=stage,
+                                world_size=len(balance), timeout=timedelta(seconds=60))
+    if sleep_s > 0:
+        made = stage_alone.SynthTransport.recv
+
+        def late(self, *args, **kwargs):  # the input comes ``sleep_s`` after it is asked
+            time.sleep(sleep_s)
+            return made(self, *args, **kwargs)
+
+        stage_alone.SynthTransport.recv = late  # type: ignore[method-assign]
+    retain_freed_memory()
+    torch.set_num_threads(1)
+    with threads_on(cores):
+        rows = time_orders(model, balance, chunks, stage, [schedule], iterations, **sizes)
+    rows = rows[rows.before != ""]
+    out.put((stage, rows.groupby(["kind", "before"]).seconds.median()))
+    if port:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def alone_medians(model: str, balance: tuple[int, ...], chunks: int, schedule: str,
+                  iterations: int, sleep_s: float, together: bool,
+                  sizes: dict | None = None, group: bool = False) -> pd.Series:
+    """Every stage of the plan alone on its rank's cores, one after another (or all at
+    once with ``together``, in one gloo process group with ``group``): median seconds per
+    stage, kind and the kind before (``sizes``: the model's, over ``validate.py``'s)."""
+    if group and not together:
+        raise ValueError("group: the stages join one process group, so together")
+    port = _free_port() if group else 0
+    ctx = mp.get_context("spawn")
+    cores = rank_cores(len(balance))
+    out = ctx.Queue()
+    parts = {}
+    waves = [list(range(len(balance)))] if together else [[s] for s in range(len(balance))]
+    for wave in waves:
+        procs = [ctx.Process(target=_alone, args=(model, balance, chunks, s, schedule,
+                                                  iterations, sleep_s, sizes or {},
+                                                  port, cores[s], out))
+                 for s in wave]
+        for p in procs:
+            p.start()
+        for _ in wave:
+            stage, medians = out.get(timeout=600)
+            parts[stage] = medians
+        for p in procs:
+            p.join(timeout=30)
+            if p.exitcode not in (0, None):
+                raise RuntimeError(f"stage alone exited with {p.exitcode}")
+    return pd.concat(parts, names=["stage"])
+
+
+def pair_rounds(model: str, balance: tuple[int, ...], chunks: int, schedules: list[str],
+                rounds: int, iterations: int, sleep_s: float = 0.0,
+                together: bool = False, sizes: dict | None = None,
+                group: bool = False) -> pd.DataFrame:
+    """Per round and schedule: the pipeline run, then every stage alone; one row per
+    round, schedule, stage, kind and kind before with both medians (seconds).
+    ``sizes``: the model's, over ``validate.py``'s."""
+    sizes = {**MODELS.get(model, {}), **(sizes or {})}
+    job = functools.partial(builtin_job, model, BATCH, **sizes)
+    rows = []
+    for r in range(rounds):
+        for schedule in schedules:
+            plan = Plan(list(balance), chunks, BATCH, checkpoint="never", schedule=schedule)
+            ((result, _),) = spawn_plans(job, [plan], iterations=iterations, warmup=2,
+                                         pin_cores=True)
+            trace: Trace = result.trace
+            piped = by_order(trace.actions)
+            alone = alone_medians(model, balance, chunks, schedule, iterations, sleep_s,
+                                  together, sizes, group)
+            both = pd.DataFrame({"pipeline_s": piped, "alone_s": alone}).dropna()
+            rows.append(both.reset_index().assign(round=r, schedule=schedule))
+    return pd.concat(rows, ignore_index=True)
+
+
+def summarise(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Medians over rounds (ms) and of each round's ratio pipeline / alone."""
+    t = rounds.assign(ratio=rounds.pipeline_s / rounds.alone_s)
+    out = t.groupby(KEYS).agg(rounds=("ratio", "size"), pipeline_ms=("pipeline_s", "median"),
+                              alone_ms=("alone_s", "median"), ratio=("ratio", "median"))
+    out[["pipeline_ms", "alone_ms"]] *= 1e3
+    return out.reset_index()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mlp")
+    ap.add_argument("--balance", default="4,4")
+    ap.add_argument("--chunks", type=int, default=16)
+    ap.add_argument("--schedules", default="gpipe,1f1b")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--sleep-us", type=float, default=0.0,
+                    help="microseconds each stage alone sleeps before each receive")
+    ap.add_argument("--together", action="store_true",
+                    help="the stages alone all at once, each on its rank's cores")
+    ap.add_argument("--group", action="store_true",
+                    help="with --together: the stages in one gloo process group, idle")
+    ap.add_argument("--name", default="pipeline_vs_alone")
+    args = ap.parse_args()
+    balance = tuple(int(b) for b in args.balance.split(","))
+    rounds = pair_rounds(args.model, balance, args.chunks, args.schedules.split(","),
+                         args.rounds, args.iterations, args.sleep_us * 1e-6, args.together,
+                         group=args.group)
+    table = summarise(rounds)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    path = write_results(args.name, table, {**machine(), **vars(args)})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
