@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from executor import stage_alone
+from executor.calibrate import _next_item
 from executor.cores import threads_on
 from executor.distributed import _free_port, rank_cores, spawn_plans
 from executor.host_allocator import retain_freed_memory
@@ -116,8 +117,8 @@ def alone_medians(model: str, balance: tuple[int, ...], chunks: int, schedule: s
                  for s in wave]
         for p in procs:
             p.start()
-        for _ in wave:
-            stage, medians = out.get(timeout=600)
+        for _ in wave:  # (an error as soon as one of them dies, never a wait forever)
+            stage, medians = _next_item(out, procs)
             parts[stage] = medians
         for p in procs:
             p.join(timeout=30)
