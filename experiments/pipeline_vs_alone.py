@@ -12,17 +12,22 @@ the step's start) and, at once after, every stage alone in the same order on its
 core (``executor.stage_alone.SynthTransport``: its inputs synthesised, nothing sent),
 optionally sleeping ``--sleep-us`` before each receive, and optionally with the other
 stages alone at the same time on their cores (``--together``: the neighbours' compute
-without a message)::
+without a message), those in one idle gloo process group (``--group``: its threads
+started, nothing sent)::
 
     round r   pipeline |== plan, 2 ranks ==|  alone |stage 0|stage 1|  (or together)
               ratio(stage, kind, kind before) = pipeline median / alone median
 
 Per round the ratio of the medians, then the median over rounds (the drift cancels
-within a round).
+within a round).  2026-11-30 (3 rounds, 16 micro-batches): MLP [4,4] 1.1-1.5x, the same
+with the stages alone at once, 1.0-1.2x of it left with 150 us asleep before each
+receive; GPT [3,3] 1.1-1.3x; U-Net [8,5] 1.0x GPipe, 1.1-1.2x 1F1B (experiments/README.md,
+session 48).
 
     python experiments/pipeline_vs_alone.py [--model mlp] [--balance 4,4] [--chunks 16]
-        [--schedules gpipe,1f1b] [--rounds 3] [--iterations 20] [--sleep-us 0] [--together]
-Writes experiments/results/pipeline_vs_alone.csv (per schedule, stage, kind and the kind
+        [--schedules gpipe,1f1b] [--rounds 3] [--iterations 20] [--sleep-us 0]
+        [--together [--group]] [--name pipeline_vs_alone]
+Writes experiments/results/NAME.csv (per schedule, stage, kind and the kind
 before: the medians over rounds of the pipeline's and the alone ms and of their ratio)
 and .json.
 """
