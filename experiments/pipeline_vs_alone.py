@@ -20,7 +20,7 @@ started, nothing sent)::
 
 Per round the ratio of the medians, then the median over rounds (the drift cancels
 within a round).  2026-11-30 (3 rounds, 16 micro-batches): MLP [4,4] 1.1-1.5x, the same
-with the stages alone at once, 1.0-1.2x of it left with 150 us asleep before each
+with the stages alone at once, still 1.0-1.3x with 150 us asleep before each
 receive; GPT [3,3] 1.1-1.3x; U-Net [8,5] 1.0x GPipe, 1.1-1.2x 1F1B (experiments/README.md,
 session 48).
 
