@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import multiprocessing as mp
 import sys
 import time
 from datetime import timedelta
@@ -49,12 +48,13 @@ import torch
 import torch.distributed as dist
 
 from executor import stage_alone
-from executor.calibrate import _next_item
+from executor.calibrate import _gather
 from executor.cores import threads_on
 from executor.distributed import _free_port, rank_cores, spawn_plans
 from executor.host_allocator import retain_freed_memory
 from executor.models import builtin_job
 from experiments.common import machine, write_results
+from experiments.stage_order_alone import summarise as summarise_orders
 from experiments.stage_order_alone import time_orders
 from experiments.validate import BATCH, MODELS
 from pipesim.plan import Plan
@@ -72,13 +72,15 @@ def by_order(actions: pd.DataFrame) -> pd.Series:
     return a.groupby(["stage", "kind", "before"]).seconds.median()
 
 
-def _alone(model: str, balance: tuple[int, ...], chunks: int, stage: int, schedule: str,
-           iterations: int, sleep_s: float, sizes: dict, port: int, cores: set[int],
-           out) -> None:
-    """One stage alone in ``schedule``'s order on ``cores`` (a spawned process, as a
-    pinned rank runs: one torch thread, freed memory kept); puts ``(stage, medians)``.
-    With a ``port`` the stages first join one gloo process group, as the pipeline's
-    ranks do (its threads started), and send nothing over it."""
+def _alone(rank: int, model: str, balance: tuple[int, ...], chunks: int, schedule: str,
+           iterations: int, sleep_s: float, sizes: dict, port: int,
+           stages: tuple[int, ...], out) -> None:
+    """Stage ``stages[rank]`` alone in ``schedule``'s order on its rank's cores (a
+    spawned process of :func:`executor.calibrate._gather`, as a pinned rank runs: one
+    torch thread, freed memory kept); puts ``(stage, medians)``.  With a ``port`` the
+    stages first join one gloo process group, as the pipeline's ranks do (its threads
+    started), and send nothing over it."""
+    stage = stages[rank]
     if port:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=stage,
                                 world_size=len(balance), timeout=timedelta(seconds=60))
@@ -92,10 +94,9 @@ def _alone(model: str, balance: tuple[int, ...], chunks: int, stage: int, schedu
         stage_alone.SynthTransport.recv = late  # type: ignore[method-assign]
     retain_freed_memory()
     torch.set_num_threads(1)
-    with threads_on(cores):
+    with threads_on(rank_cores(len(balance))[stage]):
         rows = time_orders(model, balance, chunks, stage, [schedule], iterations, **sizes)
-    rows = rows[rows.before != ""]
-    out.put((stage, rows.groupby(["kind", "before"]).seconds.median()))
+    out.put((stage, summarise_orders(rows).set_index(["kind", "before"]).median_s))
     if port:
         dist.barrier()
         dist.destroy_process_group()
@@ -110,25 +111,11 @@ def alone_medians(model: str, balance: tuple[int, ...], chunks: int, schedule: s
     if group and not together:
         raise ValueError("group: the stages join one process group, so together")
     port = _free_port() if group else 0
-    ctx = mp.get_context("spawn")
-    cores = rank_cores(len(balance))
-    out = ctx.Queue()
-    parts = {}
-    waves = [list(range(len(balance)))] if together else [[s] for s in range(len(balance))]
-    for wave in waves:
-        procs = [ctx.Process(target=_alone, args=(model, balance, chunks, s, schedule,
-                                                  iterations, sleep_s, sizes or {},
-                                                  port, cores[s], out))
-                 for s in wave]
-        for p in procs:
-            p.start()
-        for _ in wave:  # (an error as soon as one of them dies, never a wait forever)
-            stage, medians = _next_item(out, procs)
-            parts[stage] = medians
-        for p in procs:
-            p.join(timeout=30)
-            if p.exitcode not in (0, None):
-                raise RuntimeError(f"stage alone exited with {p.exitcode}")
+    n = len(balance)
+    waves = [tuple(range(n))] if together else [(s,) for s in range(n)]
+    parts = dict(item for wave in waves for item in _gather(
+        _alone, len(wave), (model, balance, chunks, schedule, iterations, sleep_s,
+                            sizes or {}, port, wave), expected=len(wave)))
     return pd.concat(parts, names=["stage"])
 
 
