@@ -23,6 +23,8 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -44,13 +46,67 @@ from pipesim.plan import Plan
 from pipesim.schedule import build_schedule
 
 
+@dataclass
+class Pacer:
+    """Replays a pipeline's waits: the F or B at position ``p`` of a stage's iteration
+    starts no sooner than ``gaps[p]`` seconds after the stage's previous F or B ended
+    (position 0: the previous iteration's last), the rest slept (``time.sleep``: the core
+    halts, as in a receive's wait).  ``gaps`` is per position, so one list serves every
+    iteration::
+
+        pipeline  |F0|  wait  |F1| wait |B0|       gaps = [g0, g1, g2, ...]
+        alone     |F0|-sleep--|F1|-sleep|B0|       each gap slept up to its length
+    """
+
+    gaps: Sequence[float]
+    position: int = 0
+    last_end: float | None = None
+    #: seconds a sleep has been ending late (its last overshoot, 0.1-0.15 ms on the 2-core
+    #: VM: the timer's slack and a halted core's wake-up), taken off the next sleep so
+    #: that the gaps come out as long as the pipeline's, not a sleep's minimum longer
+    late: float = 0.0
+
+    def wait(self) -> None:
+        if self.last_end is not None:
+            target = self.last_end + self.gaps[self.position % len(self.gaps)]
+            left = target - time.perf_counter() - self.late
+            if left > 0:
+                time.sleep(left)
+                self.late = max(0.0, self.late + time.perf_counter() - target)
+        self.position += 1
+
+    def ended(self) -> None:
+        self.last_end = time.perf_counter()
+
+
+@dataclass
+class PacedRecorder(Recorder):
+    """A :class:`~executor.recorder.Recorder` whose forwards and backwards wait for a
+    :class:`Pacer` before they start."""
+
+    pacer: Pacer | None = None
+
+    def start(self, stage: int, mb: int, kind: str) -> None:
+        if self.pacer is not None and kind in ("F", "B"):
+            self.pacer.wait()
+        super().start(stage, mb, kind)
+
+    def stop(self, stage: int, mb: int, kind: str, nbytes: int = 0, resource: str = "") -> None:
+        super().stop(stage, mb, kind, nbytes, resource)
+        if self.pacer is not None and kind in ("F", "B"):
+            self.pacer.ended()
+
+
 def time_orders(model: str, balance: tuple[int, ...], chunks: int, stage: int,
                 schedules: list[str], iterations: int, rounds: int = 1,
-                warmup: int = 2, **sizes) -> pd.DataFrame:
+                warmup: int = 2, gaps: Sequence[float] | None = None,
+                **sizes) -> pd.DataFrame:
     """Every F and B of ``stage`` run alone in each schedule's order: one row per action
     (``schedule, round, iteration, kind, before, seconds, gap_s``; ``before`` the kind of
     the stage's previous action in that iteration, ``gap_s`` the seconds since it ended).
-    The schedules alternate ``rounds`` times, so that the machine's pace weighs on both."""
+    The schedules alternate ``rounds`` times, so that the machine's pace weighs on both.
+    ``gaps`` (seconds per position in the stage's iteration, one schedule): each action
+    waits that long after the one before, as in a pipeline (:class:`Pacer`)."""
     from experiments.validate import BATCH, MODELS
 
     cpu = torch.device("cpu")
@@ -65,9 +121,14 @@ def time_orders(model: str, balance: tuple[int, ...], chunks: int, stage: int,
             part = split_module(module, plan.balance)[stage]
             transport = SynthTransport(message_shapes(module, plan, x), cpu)
             xs, ys = scatter(x, plan), scatter(y, plan)
+            paced = sum(a.kind in ("F", "B") for a in actions)
+            if gaps is not None and len(gaps) != paced:
+                raise ValueError(f"gaps: {len(gaps)} for stage {stage}'s {paced} forwards "
+                                 f"and backwards in {schedule}")
+            pacer = Pacer(gaps) if gaps is not None else None
             for i in range(warmup + iterations):
                 part.zero_grad(set_to_none=True)
-                recorder = Recorder(0, cpu, origin=time.perf_counter())
+                recorder = PacedRecorder(0, cpu, origin=time.perf_counter(), pacer=pacer)
                 StageRunner(0, {stage: part}, plan, loss_fn, cpu, transport, recorder,
                             skips=stage_skips(module, plan)).run(actions, xs, ys)
                 done = [row for row in recorder.rows(i) if row[4] in ("F", "B")]

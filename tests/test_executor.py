@@ -1038,7 +1038,7 @@ def test_host_contention_refuses_one_worker_and_an_unknown_protocol():
 def test_pipeline_vs_alone_pairs_each_stage_in_the_pipeline_with_itself_alone():
     """Each round runs the plan as a pipeline and every stage alone in the same order:
     one row per stage, kind and kind before, with the ratio of the two medians."""
-    from experiments.pipeline_vs_alone import by_order, pair_rounds, summarise
+    from experiments.pipeline_vs_alone import by_order, pair_rounds, summarise, waits
 
     rounds = pair_rounds("mlp", (2, 3), 4, ["gpipe", "1f1b"], rounds=1, iterations=2,
                          sizes=dict(width=32, depth=4, in_features=32))
@@ -1057,4 +1057,42 @@ def test_pipeline_vs_alone_pairs_each_stage_in_the_pipeline_with_itself_alone():
                             "kind": ["F", "F", "B", "F"], "microbatch": [0, 1, 0, 0],
                             "start": [0.0, 1.0, 3.0, 0.5], "end": [0.5, 2.0, 6.0, 1.5]})
     medians = by_order(actions)
-    assert medians.to_dict() == {(0, "B", "F"): 3.0, (0, "F", "F"): 1.0}
+    assert medians.seconds.to_dict() == {(0, "B", "F"): 3.0, (0, "F", "F"): 1.0}
+    assert medians.gap_s.to_dict() == {(0, "B", "F"): 1.0, (0, "F", "F"): 0.5}
+    # waits: per stage and position, the gap after the stage's previous action (none
+    # before an iteration's first: 0)
+    assert waits(actions) == {0: [0.0, 0.5, 1.0], 1: [0.0]}
+
+
+def test_pacer_replays_a_pipelines_waits_before_each_action():
+    """A stage alone, paced: each action starts its position's gap after the previous
+    one ended, however soon it could have started; the gaps repeat every iteration."""
+    import time
+
+    from experiments.pipeline_vs_alone import pair_rounds
+    from experiments.stage_order_alone import Pacer
+
+    pacer = Pacer([0.0, 0.03])
+    pacer.wait()  # nothing before the first: no wait
+    pacer.ended()
+    t = time.perf_counter()
+    pacer.wait()  # position 1: 30 ms after the last ended
+    assert time.perf_counter() - t >= 0.03 - 1e-3
+    pacer.ended()
+    t = time.perf_counter()
+    pacer.wait()  # position 0 again: none
+    assert pacer.position == 3 and time.perf_counter() - t < 0.03
+
+    # a sleep that ended late shortens the next by as much: here 10 ms of a 30 ms gap
+    pacer.ended()
+    pacer.late = 0.01
+    t = time.perf_counter()
+    pacer.wait()  # position 1
+    assert time.perf_counter() - t >= 0.02 - 1e-3
+
+    # the stages alone replay the round's pipeline waits: the long ones come out about
+    # as long (a short one, under a sleep's lateness, is not slept)
+    rounds = pair_rounds("mlp", (2, 3), 4, ["1f1b"], rounds=1, iterations=2,
+                         sizes=dict(width=32, depth=4, in_features=32), replay_waits=True)
+    long = rounds[rounds.pipeline_gap_s > 2e-4]
+    assert (long.alone_gap_s >= 0.7 * long.pipeline_gap_s).all()
