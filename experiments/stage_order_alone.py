@@ -21,10 +21,12 @@ schedule, kind and the kind before) and .json.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
+from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -61,18 +63,25 @@ class Pacer:
     gaps: Sequence[float]
     position: int = 0
     last_end: float | None = None
-    #: seconds a sleep has been ending late (its last overshoot, 0.1-0.15 ms on the 2-core
-    #: VM: the timer's slack and a halted core's wake-up), taken off the next sleep so
-    #: that the gaps come out as long as the pipeline's, not a sleep's minimum longer
-    late: float = 0.0
+    #: how late the last sleeps ended (seconds past what each asked for: 70-110 us at the
+    #: median on the 2-core VM, the timer's slack and a halted core's wake-up); their
+    #: median is taken off each sleep, so that the gaps come out as long as the
+    #: pipeline's, not a sleep's lateness longer
+    lateness: deque[float] = field(default_factory=lambda: deque(maxlen=15))
+
+    @property
+    def late(self) -> float:
+        """Seconds a sleep is expected to end late (0 before any)."""
+        return statistics.median(self.lateness) if self.lateness else 0.0
 
     def wait(self) -> None:
         if self.last_end is not None:
             target = self.last_end + self.gaps[self.position % len(self.gaps)]
-            left = target - time.perf_counter() - self.late
-            if left > 0:
-                time.sleep(left)
-                self.late = max(0.0, self.late + time.perf_counter() - target)
+            now = time.perf_counter()
+            ask = target - now - self.late
+            if ask > 0:
+                time.sleep(ask)
+                self.lateness.append(time.perf_counter() - now - ask)
         self.position += 1
 
     def ended(self) -> None:

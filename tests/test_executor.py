@@ -1083,9 +1083,9 @@ def test_pacer_replays_a_pipelines_waits_before_each_action():
     pacer.wait()  # position 0 again: none
     assert pacer.position == 3 and time.perf_counter() - t < 0.03
 
-    # a sleep that ended late shortens the next by as much: here 10 ms of a 30 ms gap
+    # sleeps that ended late shorten the next by their median lateness: 10 ms of 30
     pacer.ended()
-    pacer.late = 0.01
+    pacer.lateness.extend([0.01] * 15)  # sleeps have ended 10 ms late
     t = time.perf_counter()
     pacer.wait()  # position 1
     assert time.perf_counter() - t >= 0.02 - 1e-3
