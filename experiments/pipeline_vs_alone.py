@@ -26,7 +26,7 @@ with the stages alone at once, still 1.0-1.3x with 150 us asleep before each
 receive; GPT [3,3] 1.1-1.3x; U-Net [8,5] 1.0x GPipe, 1.1-1.2x 1F1B (experiments/README.md,
 session 48).  With the pipeline's waits replayed (2026-11-30): GPT 0.95-1.18x, U-Net
 0.89-1.14x -- their waits are their surcharge -- but MLP still 0.94-1.57x, with the
-neighbour computing too (``--together``) 1.12-1.65x (session 49).
+neighbour computing too (``--together``) 0.83-1.65x (session 49).
 
     python experiments/pipeline_vs_alone.py [--model mlp] [--balance 4,4] [--chunks 16]
         [--schedules gpipe,1f1b] [--rounds 3] [--iterations 20] [--sleep-us 0]
