@@ -118,6 +118,8 @@ def time_orders(model: str, balance: tuple[int, ...], chunks: int, stage: int,
     waits that long after the one before, as in a pipeline (:class:`Pacer`)."""
     from experiments.validate import BATCH, MODELS
 
+    if gaps is not None and len(schedules) != 1:
+        raise ValueError(f"gaps: one schedule's waits, for {len(schedules)} schedules")
     cpu = torch.device("cpu")
     module, loss_fn, x, y = builtin_job(model, BATCH, **{**MODELS.get(model, {}), **sizes})
     rows = []

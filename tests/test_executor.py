@@ -853,6 +853,12 @@ def test_stage_order_alone_times_a_stage_in_each_schedules_order():
     assert table.to_dict() == {("1f1b", "B", "F"): 4 * runs, ("1f1b", "F", "B"): 3 * runs,
                                ("gpipe", "B", "B"): 3 * runs, ("gpipe", "B", "F"): 1 * runs,
                                ("gpipe", "F", "F"): 3 * runs}
+    # waits to replay are one schedule's, one per forward and backward of the stage
+    tiny = dict(width=32, depth=4, in_features=32)
+    with pytest.raises(ValueError, match="one schedule's waits"):
+        time_orders("mlp", (2, 3), 4, 1, ["gpipe", "1f1b"], 1, gaps=[0.0] * 8, **tiny)
+    with pytest.raises(ValueError, match="gaps: 3 for stage 1's 8 forwards and backwards"):
+        time_orders("mlp", (2, 3), 4, 1, ["gpipe"], 1, gaps=[0.0] * 3, **tiny)
 
 
 @pytest.mark.parametrize("after_inputs,at_start", [(True, False), (False, False),
