@@ -49,7 +49,14 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import IDLE_KINDS, CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
+from pipesim.cluster import (
+    IDLE_KINDS,
+    CheckpointExtra,
+    ExecutorGap,
+    IdleCost,
+    RunOnCost,
+    SpanSlowdown,
+)
 from pipesim.plan import Plan
 
 
@@ -90,6 +97,15 @@ class _Late(_Made):
 
 #: an in-place step with no idle: each message there when asked for
 HOT = ("", 0.0)
+#: an in-place step of up to :data:`RUN_ON_CHUNKS` micro-batches in GPipe's order
+#: (:func:`run_on_costs`): its forwards but the first run after a forward, its backwards
+#: but the first after a backward
+RUN_ON = ("run", 0.0)
+#: micro-batches of a run-on step, where the job's batch holds them (two at least): a run
+#: reaches its pace after a forward or two (MLP [4,4]'s first stage alone at 2 samples,
+#: GPipe's order, 2026-11-30: 0.65, 0.37, then 0.25-0.28 ms; 1F1B's forwards 0.49-0.57),
+#: so runs of 2 read MLP's scale at 0.83-0.96 where runs of 8 read 0.56-0.81
+RUN_ON_CHUNKS = 8
 #: seconds of untimed steps before each timed one of :func:`idle_costs` (two at least):
 #: what it takes a rank to run at its steady pace again after a wait
 SETTLE_S = 0.01
@@ -109,7 +125,11 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     idle): ``{"F": .., "B": .., "between": ..}``.  With ``idle = ("FB", seconds)`` the
     rank sleeps before its backward, and ``"F"`` is the forward of one more step run at
     once after it: a 1F1B rank's forward, which follows a backward that waited for its
-    gradient (:attr:`pipesim.cluster.IdleCost.kind`).  On a CUDA ``device`` the actions are
+    gradient (:attr:`pipesim.cluster.IdleCost.kind`).  With ``idle = RUN_ON`` the step is
+    :data:`RUN_ON_CHUNKS` micro-batches of ``size`` in GPipe's order (as many as the job's
+    batch holds, two at least), and ``"F"`` and ``"B"`` the medians of each kind but its
+    first: forwards after a forward, backwards after a backward
+    (:class:`pipesim.cluster.RunOnCost`).  On a CUDA ``device`` the actions are
     timed by the recorder's events (device seconds), the step's wall time between two
     synchronisations."""
     from executor.microbatch import scatter
@@ -122,15 +142,19 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
 
     device = torch.device(device)
     module, loss_fn, x, y = job()
-    if x.shape[0] < size:
-        raise ValueError(f"the job's batch has {x.shape[0]} samples, the step needs {size}")
+    # (RUN_ON: micro-batches of ``size`` in GPipe's order, as many as the batch holds)
+    chunks = min(RUN_ON_CHUNKS, max(x.shape[0] // size, 2)) if idle == RUN_ON else 1
+    if x.shape[0] < chunks * size:
+        raise ValueError(f"the job's batch has {x.shape[0]} samples, the step needs "
+                         f"{chunks * size}")
     module, x, y = module.to(device), x.to(device), y.to(device)
-    plan = Plan(list(balance), 1, size, checkpoint=checkpoint)
-    shapes = message_shapes(module, plan, x[:size])
+    plan = Plan(list(balance), chunks, chunks * size, checkpoint=checkpoint, schedule="gpipe")
+    shapes = message_shapes(module, plan, x[:chunks * size])
     stage = split_module(module, plan.balance)[rank]
     skips = stage_skips(module, plan)
     actions = build_schedule(plan).order[rank]
-    xs, ys = scatter(x[:size].clone(), plan), scatter(y[:size].clone(), plan)
+    xs = scatter(x[:chunks * size].clone(), plan)
+    ys = scatter(y[:chunks * size].clone(), plan)
     cuda = device.type == "cuda"
 
     made: dict[tuple[int, str, int], torch.Tensor] = {}  # each message made once
@@ -160,10 +184,14 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
         if cuda:
             torch.cuda.synchronize(device)
         wall = time.perf_counter() - began
-        # rows: (iteration, device, stage, mb, kind, start, end, ...)
-        out = {r[4]: r[6] - r[5] for r in recorder.rows(0) if r[4] in ("F", "B")}
+        # rows: (iteration, device, stage, mb, kind, start, end, ...), in the order run:
+        # each kind's (RUN_ON: the median of each kind's but the first, after its kind)
+        rows = sorted((r for r in recorder.rows(0) if r[4] in ("F", "B")), key=lambda r: r[5])
+        out = {kind: statistics.median([r[6] - r[5] for r in rows if r[4] == kind][chunks > 1:])
+               for kind in ("F", "B")}
         # the executor's own seconds around each action (no idle: none slept in them)
-        out["between"] = (wall - out["F"] - out["B"]) / 2 if seconds <= 0 else 0.0
+        out["between"] = ((wall - out["F"] - out["B"]) / 2 if seconds <= 0 and chunks == 1
+                          else 0.0)
         return out
 
     return step
@@ -204,7 +232,7 @@ def _in_place_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
 
 
 def _check_layout(what: str, job: Callable, balance: Sequence[int], sizes: Sequence[int],
-                  rounds: int, phase_s: float) -> None:
+                  rounds: int, phase_s: float, chunks: int = 1) -> None:
     """Raise ValueError, in the caller's process, for a layout the ranks cannot run (a
     rank's error would only say it died)."""
     if len(balance) < 2:
@@ -215,9 +243,10 @@ def _check_layout(what: str, job: Callable, balance: Sequence[int], sizes: Seque
     if sum(balance) != len(module):
         raise ValueError(f"balance {list(balance)} sums to {sum(balance)} layers, the model "
                          f"has {len(module)}")
-    if max(sizes) > inputs.shape[0]:
-        raise ValueError(f"micro-batch size {max(sizes)} exceeds the job's batch of "
-                         f"{inputs.shape[0]} samples")
+    if chunks * max(sizes) > inputs.shape[0]:
+        steps = (f"micro-batch size {max(sizes)} exceeds" if chunks == 1 else
+                 f"{chunks} micro-batches of {max(sizes)} samples exceed")
+        raise ValueError(f"{what}: {steps} the job's batch of {inputs.shape[0]} samples")
 
 
 def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
@@ -391,7 +420,7 @@ def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
 def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: Sequence[str],
            idles: Sequence[tuple[str, float]], rounds: int, phase_s: float, threads: int,
            pin_cores: bool, what: str, settle_s: float = 0.0, at_once: bool = False,
-           device: str | None = None) -> list[tuple[tuple[int, int, int], dict]]:
+           device: str | None = None, chunks: int = 1) -> list[tuple[tuple[int, int, int], dict]]:
     """:func:`_costs_loop` on every rank of ``balance``, each alone in turn (or all
     ``at_once``): per stage ``((first, stop, rank), {(mode, size, idle): (forward s,
     backward s)})``.  With a ``device``, the stages of the in-process executor (threads of
@@ -404,7 +433,7 @@ def _alone(job: Callable, balance: Sequence[int], sizes: Sequence[int], modes: S
         # one model for every step (building a large one takes seconds each time): the
         # stages of the in-process executor share it too
         job = functools.cache(job)
-    _check_layout(what, job, balance, sizes, rounds, phase_s)
+    _check_layout(what, job, balance, sizes, rounds, phase_s, chunks)
     world = len(balance)
     args = (list(balance), list(sizes), list(modes), list(idles), rounds, phase_s, threads,
             settle_s)
@@ -549,6 +578,50 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     return out
 
 
+def run_on_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
+                 modes: Sequence[str] = ("never", "always"), rounds: int = 20,
+                 threads: int = 1, pin_cores: bool = True,
+                 device: str | None = None) -> list[RunOnCost]:
+    """What a forward costs right after a forward, and a backward right after a backward,
+    against the other order, each stage alone on its rank's cores (as :func:`stage_costs`).
+
+    Within each round a stage's plain step (forward, backward: the forward after the
+    last step's backward, the backward after its forward) and its step of
+    :data:`RUN_ON_CHUNKS` micro-batches in GPipe's order (as many as the batch holds, two
+    at least), whose forwards but the first follow a forward and backwards but the first a
+    backward, each after :data:`SETTLE_S` of plain steps::
+
+        plain    ..|F|B|  |F|B|                  F after B, B after F     (other_s)
+        run-on   ..|F|B|  |F|F|F|F|B|B|B|B|      the median of the Fs and of the Bs
+                                                 but each kind's first     (same_s)
+
+    ``scale = median(same) / median(other)`` per stage, size, checkpoint mode and kind: a
+    :class:`pipesim.cluster.RunOnCost` (the simulator's ``Cluster.run_on_costs``).  A
+    profile times each layer's forward after its backward, and a stage's in-place costs
+    the plain step, so they price the other order; GPipe's ranks run theirs in runs.
+    ``sizes`` at most half the job's batch (a run-on step takes two micro-batches at
+    least).  On this project's VM (2026-11-30) a lone MLP stage's forwards in GPipe's
+    order ran at half its forwards after a backward at 2 samples (MLP [4,4]'s first
+    stage: 0.25-0.28 ms from the third forward of a run on, 0.49-0.57 in 1F1B's order),
+    as they did in the grids' pipelines; GPT's and U-Net's 5-15% faster.
+    ``device``: the in-process executor's stages on that device, as :func:`idle_costs`'.
+    Seconds spent: about ``rounds * len(modes) * len(sizes) * len(balance) * 2`` times
+    (10 ms of plain steps and the step).
+    """
+    out = []
+    for (first, stop, _), results in _alone(job, balance, sizes, modes, [HOT, RUN_ON],
+                                            rounds, 1e-9, threads, pin_cores, "run-on costs",
+                                            settle_s=SETTLE_S, device=device, chunks=2):
+        for mode in modes:
+            for b in sizes:
+                for k, kind in enumerate(("F", "B")):
+                    same, other = results[(mode, b, RUN_ON)][k], results[(mode, b, HOT)][k]
+                    if same > 0 and other > 0:
+                        out.append(RunOnCost(first, stop, int(b), mode == "always", kind,
+                                             same / other, same, other))
+    return out
+
+
 __all__ = ["checkpoint_extras", "checkpoint_extras_of", "device_stage_costs",
-           "executor_gaps_of", "idle_costs", "spread_sizes",
+           "executor_gaps_of", "idle_costs", "run_on_costs", "spread_sizes",
            "stage_contention", "stage_costs"]

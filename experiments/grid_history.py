@@ -26,7 +26,7 @@ machine).
                                        [--repredict [--set F=V]
                                        [--slowdowns run|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
-                                       [--gaps none|FILE]
+                                       [--gaps none|FILE] [--run-on run|FILE]
                                        [--contention-readings so_far|run]]
 Writes experiments/results/grid_history.csv (one row per plan and column) and .json
 (``grid_history_TAG`` for another ``--tag``: ``--tag threads`` pools the committed
@@ -105,7 +105,7 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               cluster_fields: dict[str, float | None] | None = None,
               slowdowns: str = "", costs: str = "", idle: str = "",
               extras: str = "", gaps: str = "", scale_contention: float = 0.0,
-              contention_readings: str = "") -> pd.DataFrame:
+              contention_readings: str = "", run_on: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
     ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
@@ -122,7 +122,11 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     ``gaps`` likewise for the executor's own seconds between actions measured in place
     (``predicted_ms_now_no_gaps``, or ``predicted_ms_now_gaps`` from a JSON file
     ``{"executor_gaps": {model: rows}, "executor_gap_base_s": seconds}``,
-    ``experiments/in_place_costs.py``); with ``scale_contention``,
+    ``experiments/in_place_costs.py``); ``run_on``, ``"run"`` or a JSON file
+    ``{"run_on_costs": {model: rows}}`` (:func:`executor.in_place.run_on_costs`),
+    ``predicted_ms_now_run_on``: the same with run-on costs, each run's own (where it
+    measured them, ``validate.py --run-on``) or the file's (runs of another hour);
+    with ``scale_contention``,
     ``predicted_ms_now_scaled_contention``: the same with the host-contention readings of
     each run calibrated the old way multiplied by it, see
     :func:`experiments.validation.predict_saved`; with ``contention_readings``, one of
@@ -160,6 +164,10 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
                 again = predict_saved(folder, tag, cluster_fields, **{option: readings}, **base)
                 table[f"predicted_ms_now_no_{option}" if source == "none"
                       else f"predicted_ms_now_{option}"] = again.predicted_ms_now
+        if repredict and run_on:  # (an ablation: never in predicted_ms_now)
+            again = predict_saved(folder, tag, cluster_fields,
+                                  run_on=in_place_readings(folder, run_on, "run_on_costs", tag))
+            table["predicted_ms_now_run_on"] = again.predicted_ms_now
         tables.append(table.assign(run=folder.name))
     return pd.concat(tables, ignore_index=True)
 
@@ -312,16 +320,19 @@ def main() -> None:
                     help="with --repredict: also predict without the executor gaps each run "
                     "measured ('none': predicted_ms_now_no_gaps), or with a file of them and "
                     "their base in their place (predicted_ms_now_gaps; in_place_costs.py)")
+    ap.add_argument("--run-on", default="", metavar="run|FILE",
+                    help="with --repredict: also predict with run-on costs (an ablation), each "
+                    "run's own ('run') or a file's (predicted_ms_now_run_on)")
     ap.add_argument("--contention-readings", default="", choices=("", *READINGS[1:]),
                     help="with --repredict: also predict with each model's host contention "
                     "the median of these of the run's readings instead of the two around "
                     "its grid (so_far: every one up to the one after its grid; run: all), "
                     "predicted_ms_now_<it>_contention")
     args = ap.parse_args()
-    if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps
+    if (args.slowdowns or args.costs or args.idle or args.extras or args.gaps or args.run_on
             or args.scale_contention or args.contention_readings) and not args.repredict:
-        ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras, --gaps and "
-                 "--contention-readings need --repredict")
+        ap.error("--slowdowns, --scale-contention, --costs, --idle, --extras, --gaps, "
+                 "--run-on and --contention-readings need --repredict")
     if args.name and (args.name != Path(args.name).name or args.name.startswith(".")):
         ap.error(f"--name {args.name!r}: expected a file name without folders or a leading '.' "
                  "(written to experiments/results/)")
@@ -332,7 +343,7 @@ def main() -> None:
             ap.error("no runs: give --git N or --runs")
         runs = load_runs(folders, args.tag, args.repredict, fields, args.slowdowns,
                          args.costs, args.idle, args.extras, args.gaps, args.scale_contention,
-                         args.contention_readings)
+                         args.contention_readings, args.run_on)
         conditions = run_conditions(folders, args.tag)
     runs = in_every_run(runs, len(folders))
     tables, summary = [], {}

@@ -46,6 +46,7 @@ from executor.in_place import (
     checkpoint_extras_of,
     executor_gaps_of,
     idle_costs,
+    run_on_costs,
     stage_contention,
     stage_costs,
 )
@@ -144,6 +145,13 @@ def main() -> None:
                     "moved their median by 0.03 points at most")
     # (the 16-core H200 host's 4-rank grid, 2026-11-26, without them: actions after 3-30 ms
     # idle ran 1.2-1.4x their profile, hot ones 0.97-1.04x; its error was all under)
+    # (not by default: charged on top of today's model they moved the 111 grids pooled
+    # 1.65% -> 1.83%, MLP 2.10% -> 2.64%, with readings of 2026-11-30; pipesim/MODEL.md)
+    ap.add_argument("--run-on", action="store_true",
+                    help="also measure each balance's run-on costs in place (a forward after "
+                    "a forward, a backward after a backward, against the other order: "
+                    "pipesim.cluster.RunOnCost; about 20-45 s a balance) and predict with "
+                    "them as the ablation run_on")
     ap.add_argument("--checkpoint-extras", action=argparse.BooleanOptionalAction, default=True,
                     help="measure what checkpointing adds to each stage's backward in place "
                     "and predict with it (pipesim.cluster.CheckpointExtra; ablation "
@@ -218,6 +226,7 @@ def main() -> None:
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
     checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
+    run_on_rows: dict[str, list[dict]] = {}  # model -> RunOnCost rows
     executor_rows: dict[str, list[dict]] = {}  # model -> ExecutorGap rows
     in_place_rows: dict[str, list[dict]] = {}  # model -> InPlaceCost rows
     per_model: dict[str, dict[str, float]] = {}
@@ -231,7 +240,7 @@ def main() -> None:
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
                    "checkpoint_extras": checkpoint_rows, "executor_gaps": executor_rows,
-                   "in_place_costs": in_place_rows,
+                   "in_place_costs": in_place_rows, "run_on_costs": run_on_rows,
                    "profile_drift_pct": drifts, "phase_seconds": clock.seconds,
                    "cut_short": True}
         (results / f"validation_{tag}.json").write_text(json.dumps(
@@ -288,6 +297,14 @@ def main() -> None:
                                       kinds=IDLE_KINDS if args.after_wait else ("F", "B"))
                   for balance in balances} if args.idle_costs else {}
         clock.mark(f"{name}: idle costs")
+        # what the order of a stage's actions costs (--run-on): a forward after a forward,
+        # a backward after a backward, against the other order, in place
+        # (executor.in_place.run_on_costs; sizes of two micro-batches or more)
+        run_ons = [row for balance in balances for row in run_on_costs(
+            job, balance, [b for b in sizes_of_plans if 2 * b <= BATCH],
+            threads=args.threads, pin_cores=args.pin)] if args.run_on else []
+        run_on_rows[name] = [dataclasses.asdict(row) for row in run_ons]
+        clock.mark(f"{name}: run-on costs")
 
         # what checkpointing adds to each stage's backward, in place (--checkpoint-extras,
         # the default): charged where a checkpointed backward has no idle cost to read;
@@ -415,6 +432,9 @@ def main() -> None:
                      **({"no_after_wait": (prof, dataclasses.replace(model_cluster, idle_costs=tuple(
                          x for x in waits if x.kind != "FB")))}
                         if any(x.kind == "FB" for x in waits) else {}),
+                     **({"run_on": (prof, dataclasses.replace(model_cluster,
+                                                              run_on_costs=tuple(run_ons)))}
+                        if run_ons else {}),
                      **({"no_checkpoint_extras": (prof, dataclasses.replace(
                          model_cluster, checkpoint_extras=()))} if extras else {}),
                      **({"no_executor_gaps": (prof, dataclasses.replace(
@@ -487,6 +507,7 @@ def main() -> None:
     summary["in_place_slowdowns"] = in_place
     summary["idle_costs"] = idle
     summary["checkpoint_extras"] = checkpoint_rows
+    summary["run_on_costs"] = run_on_rows
     summary["executor_gaps"] = executor_rows
     summary["in_place_costs"] = in_place_rows
     summary["per_model"] = per_model  # each model's error beside its own pass noise

@@ -26,6 +26,7 @@ from pipesim.cluster import (
     ExecutorGap,
     IdleCost,
     InPlaceCost,
+    RunOnCost,
     in_place_costs_of,
 )
 from pipesim.compare import alone_scale, compare
@@ -373,7 +374,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
                   extras: dict[str, list] | None = None,
                   gaps: dict[str, list] | None = None,
                   gap_base_s: float | None = None,
-                  contention_scale: float = 1.0, readings: str = "bracketed") -> pd.DataFrame:
+                  contention_scale: float = 1.0, readings: str = "bracketed",
+                  run_on: dict[str, list] | None = None) -> pd.DataFrame:
     """The saved grid ``folder/validation_TAG.csv`` with ``predicted_ms_now``: each plan
     predicted again by today's model from the run's own saved profiles
     (``profile_TAG_MODEL.csv``), calibration (``calibration_TAG.json``) and host-contention
@@ -406,9 +408,12 @@ def predict_saved(folder: Path, tag: str = "cpu",
     model is predicted with, their median (:data:`READINGS`): the two around its grid
     (``"bracketed"``, as ``validate.py`` predicts), every one up to the one after its
     grid (``"so_far"``, its ablation ``so_far_contention``) or every one of the run
-    (``"run"``)."""
+    (``"run"``); ``run_on`` (model -> :class:`pipesim.cluster.RunOnCost` rows or their
+    dicts) run-on costs to predict with, by default none: an ablation, whether or not
+    the run measured them (``validate.py --run-on``; :func:`in_place_readings` reads a
+    run's own)."""
     grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s,
-                      contention_scale, readings)
+                      contention_scale, readings, run_on)
     # (each action at its stage's lone cost in place; how it shares the host stays the
     # model's: pipesim.cluster.InPlaceCost)
     clusters = {m: dataclasses.replace(c, in_place_costs=in_place_costs_of(costs[m]))
@@ -455,7 +460,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
                extras: dict[str, list] | None = None,
                gaps: dict[str, list] | None = None,
                gap_base_s: float | None = None,
-               contention_scale: float = 1.0, readings: str = "bracketed") -> SavedGrid:
+               contention_scale: float = 1.0, readings: str = "bracketed",
+               run_on: dict[str, list] | None = None) -> SavedGrid:
     """The saved grid ``folder/validation_TAG.csv`` with the profile and cluster each model
     is predicted with today; the arguments are :func:`predict_saved`'s."""
     if readings not in READINGS:
@@ -482,6 +488,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
                   or summary.get(f"{IN_PLACE_KEYS['checkpoint_extras']}_in_place", {}))
     if gaps is None:
         gaps = summary.get(IN_PLACE_KEYS["executor_gaps"], {})
+    # (run-on costs: an ablation, never the run's prediction; see validate.py --run-on)
+    run_on = run_on or {}
 
     def around(values: list | None, i: int, otherwise: Sequence,
                which: str = "bracketed") -> Sequence:
@@ -504,7 +512,9 @@ def saved_grid(folder: Path, tag: str = "cpu",
             idle_costs=tuple(IdleCost(**x) if isinstance(x, dict) else x
                              for x in idle.get(m, ())),
             checkpoint_extras=tuple(CheckpointExtra(**x) if isinstance(x, dict) else x
-                                    for x in extras.get(m, ())), **(cluster_fields or {}))
+                                    for x in extras.get(m, ())),
+            run_on_costs=tuple(RunOnCost(**x) if isinstance(x, dict) else x
+                               for x in run_on.get(m, ())), **(cluster_fields or {}))
         base = gap_base_s if gap_base_s is not None else clusters[m].executor_gap_base_s
         if base > 0:
             clusters[m] = dataclasses.replace(
@@ -518,7 +528,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
 #: and in its own file: host slowdowns (experiments/in_place_contention.py), idle costs
 #: (experiments/idle_costs.py)
 IN_PLACE_KEYS = {"slowdowns": "in_place_slowdowns", "idle_costs": "idle_costs",
-                 "checkpoint_extras": "checkpoint_extras", "executor_gaps": "executor_gaps"}
+                 "checkpoint_extras": "checkpoint_extras", "executor_gaps": "executor_gaps",
+                 "run_on_costs": "run_on_costs"}
 
 
 def in_place_readings(folder: Path, source: str, what: str, tag: str = "cpu") -> dict[str, list]:

@@ -134,6 +134,38 @@ IDLE_KINDS = ("F", "B", "FB")
 
 
 @dataclass(frozen=True)
+class RunOnCost:
+    """What a ``kind`` action (``"F"`` or ``"B"``) of layers ``[first, stop)`` at
+    ``micro_batch`` samples (checkpointed or not) costs right after an action of the same
+    kind and stage on its worker, against right after one of the other kind: ``scale =
+    same_s / other_s``, measured in place (:func:`executor.in_place.run_on_costs`: the
+    stage alone, its steps in GPipe's order and in 1F1B's, one after the other)::
+
+        gpipe   |F0|F1|F2|..|B2|B1|B0|      F1, F2 after a forward; B1, B0 after a backward
+        1f1b    |F0|B0|F1|B1|F2|B2|         F1, F2 after a backward; B0.. after a forward
+
+    What an action finds in its core's caches depends on what ran just before it: a
+    forward after a forward reads the weights that one just read, where a backward in
+    between has streamed weight gradients and saved activations through the caches.  The
+    profile (each layer's forward after its backward) and every in-place step time the
+    other order, so a run of forwards or backwards costs ``scale`` times that."""
+
+    first: int
+    stop: int
+    micro_batch: int
+    checkpointed: bool
+    kind: str
+    scale: float
+    #: the medians the scale comes from (seconds; records)
+    same_s: float = 0.0
+    other_s: float = 0.0
+
+
+#: the kinds a :class:`RunOnCost` times: a forward after a forward, a backward after a backward
+RUN_ON_KINDS = ("F", "B")
+
+
+@dataclass(frozen=True)
 class CheckpointExtra:
     """What checkpointing adds to the backward of layers ``[first, stop)`` at
     ``micro_batch`` samples, ``seconds``, measured in place: the stage's checkpointed
@@ -271,6 +303,11 @@ class Cluster:
     #: it), less the profile's excess over the action at once where that was measured
     #: (:meth:`idle_cost`).  Empty: no such cost
     idle_costs: tuple[IdleCost, ...] = ()
+    #: what a forward after a forward, or a backward after a backward, of the same stage on
+    #: one worker costs against the other order, measured in place (:class:`RunOnCost`):
+    #: such an action costs its seconds times the scale read at its size (linear in
+    #: log2(size) between those measured).  Empty: the order costs nothing
+    run_on_costs: tuple[RunOnCost, ...] = ()
     #: what checkpointing adds to a stage's backward, measured in place
     #: (:class:`CheckpointExtra`): a checkpointed backward with no idle cost to read (the
     #: last stage's, which never waits; any stage's where none were measured) costs its
@@ -436,6 +473,15 @@ class Cluster:
                                    f"{cost.micro_batch} samples needs idle_s > 0, finite "
                                    f"seconds and kind 'F', 'B' or 'FB', got {cost.idle_s}, "
                                    f"{cost.seconds} and {cost.kind!r}")
+        self.run_on_costs = tuple(x if isinstance(x, RunOnCost) else RunOnCost(**x)
+                                  for x in self.run_on_costs)
+        for run_on in self.run_on_costs:
+            if (not (math.isfinite(run_on.scale) and run_on.scale > 0)
+                    or run_on.kind not in RUN_ON_KINDS or run_on.micro_batch < 1):
+                raise ClusterError(f"run-on cost of layers [{run_on.first}, {run_on.stop}) at "
+                                   f"{run_on.micro_batch} samples needs a micro-batch >= 1, a "
+                                   f"finite scale > 0 and kind 'F' or 'B', got "
+                                   f"{run_on.scale} and {run_on.kind!r}")
         self.checkpoint_extras = tuple(x if isinstance(x, CheckpointExtra) else CheckpointExtra(**x)
                                        for x in self.checkpoint_extras)
         for extra in self.checkpoint_extras:
@@ -510,6 +556,17 @@ class Cluster:
         None where that span was not measured."""
         return _span_at(self.checkpoint_extras, first, stop, size,
                         lambda x: max(x.seconds, 0.0))
+
+    def run_on_scale(self, first: int, stop: int, size: float, checkpointed: bool,
+                     kind: str) -> float:
+        """How many times its seconds a ``kind`` action of layers ``[first, stop)`` at
+        ``size`` samples costs right after one of the same kind and stage
+        (:class:`RunOnCost`, linear in log2(size) between measured sizes, the nearest
+        one's beyond them); 1 where that span, mode and kind were not measured."""
+        rows = [x for x in self.run_on_costs
+                if x.checkpointed == checkpointed and x.kind == kind]
+        scale = _span_at(rows, first, stop, size, lambda x: x.scale)
+        return 1.0 if scale is None else scale
 
     def in_place_cost(self, first: int, stop: int, size: float, checkpointed: bool
                       ) -> tuple[float, float] | None:
@@ -644,6 +701,7 @@ class Cluster:
                        idle_costs=tuple(IdleCost(**x) for x in d.get("idle_costs", ())),
                        checkpoint_extras=tuple(CheckpointExtra(**x)
                                                for x in d.get("checkpoint_extras", ())),
+                       run_on_costs=tuple(RunOnCost(**x) for x in d.get("run_on_costs", ())),
                        executor_gaps=tuple(ExecutorGap(**x)
                                            for x in d.get("executor_gaps", ())),
                        executor_gap_base_s=float(d.get("executor_gap_base_s", 0.0)),

@@ -407,6 +407,8 @@ class _Run:
         # forward right after it pays for too (Step.after_wait_curve)
         backward_waited = -1.0
         host_free = 0.0  # when its host went on from its last action (issue_ahead)
+        # the stage and kind of its last action (Step.run_on_scale: a run of one kind)
+        last_stage, last_kind = -1, ""
         for mb, step in sim.programs[w]:
             previous, reached = reached, env.now
             if ahead and step.recv_bytes:
@@ -472,6 +474,11 @@ class _Run:
                     faded = max(faded, read_curve(step.after_wait_curve, backward_waited))
                 seconds = max(seconds + faded, 0.0)
             backward_waited = start - idled if step.kind == BACKWARD and idled >= 0 else -1.0
+            if step.kind == last_kind and step.stage == last_stage:
+                # a forward after a forward, a backward after a backward, at the pace in
+                # place (the idle curve's baseline) scaled (Cluster.run_on_costs)
+                seconds *= step.run_on_scale
+            last_stage, last_kind = step.stage, step.kind
             if busy is not None:
                 busy[0] += 1
             if jitter is not None and rng is not None:

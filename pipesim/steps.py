@@ -76,6 +76,10 @@ class Step(NamedTuple):
     #: backward on its worker that waited, read at that backward's wait: the in-place
     #: ``"FB"`` curve (:class:`pipesim.cluster.IdleCost`); empty: none measured
     after_wait_curve: tuple[tuple[float, float], ...] = ()
+    #: how many times ``seconds`` it costs right after an action of its own kind and stage
+    #: on its worker (a forward after a forward, a backward after a backward), measured in
+    #: place (:meth:`pipesim.cluster.Cluster.run_on_scale`); 1: the order costs nothing
+    run_on_scale: float = 1.0
     #: seconds it pauses beyond the cluster's calibrated gap before it starts, where its
     #: input was there when its worker reached it (below 0: less): its stage's executor
     #: work between actions, measured in place (:meth:`pipesim.cluster.Cluster.executor_gap`)
@@ -194,6 +198,12 @@ class StepBuilder:
                   if self.cluster.in_place_costs and measured is None
                   and (s, mb) not in self.split and not idle
                   else None)
+        # (a run of forwards or of backwards: a forward or a full backward, not a replay's)
+        run_on = (self.cluster.run_on_scale(layers.start, layers.stop,
+                                            self.plan.micro_batch_sizes[mb],
+                                            self.plan.checkpointed(mb), kind)
+                  if self.cluster.run_on_costs and kind in (FORWARD, BACKWARD)
+                  and measured is None else 1.0)
         if kind == FORWARD:
             plain = (s, mb) in self.split  # its backward is split: no checkpoint hooks
             seconds = (c.fwd_s - (c.ckpt_fwd_extra_s if plain else 0.0) + overhead
@@ -212,7 +222,7 @@ class StepBuilder:
                          interpreter_slowdown=c.interpreter_fwd_slowdown, host_slowdown=slow,
                          idle_curve=idle,
                          after_wait_curve=(self.idle_curve(s, mb, "FB") if idle else ()),
-                         gap_s=gap,
+                         run_on_scale=run_on, gap_s=gap,
                          issue_s=0.0 if measured is not None else seconds * c.host_fwd_share)
         in_grad = boundary
         loss_grad = c.output_bytes if s == n - 1 else 0.0
@@ -319,7 +329,7 @@ class StepBuilder:
                      recompute_walk=c.recompute_walk or ((0.0, 1.0),), engine_s=engine,
                      engine_recompute_s=engine_recompute, engine_interpreter_s=engine_held,
                      engine_hooks_s=hooks,
-                     host_slowdown=slow, idle_curve=idle, gap_s=gap,
+                     host_slowdown=slow, idle_curve=idle, run_on_scale=run_on, gap_s=gap,
                      issue_s=0.0 if measured is not None else engine,
                      loss_grad_bytes=loss_grad if kind == BACKWARD else 0.0)
 

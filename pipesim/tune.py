@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -53,15 +53,22 @@ class TuneResult:
         return self.plans[0]
 
 
+def _measured_for_every_stage(plan: Plan, read: Callable[[int, int, int, bool], object]
+                              ) -> bool:
+    """Whether ``read(first, stop, size, checkpointed)`` finds a measurement (anything but
+    None or empty) for every stage's span of ``plan``, in each checkpoint mode it uses."""
+    size = plan.micro_batch_sizes[0]
+    modes = {plan.checkpointed(m) for m in range(plan.n_microbatches)}
+    return all(read(layers.start, layers.stop, size, mode) not in (None, ())
+               for layers in (plan.stage_layers(s) for s in range(plan.n_stages))
+               for mode in modes)
+
+
 def _priced_in_place(plan: Plan, cluster: Cluster) -> bool:
     """Whether every action of ``plan`` is priced by its stage's cost measured in place
     (:attr:`pipesim.cluster.Cluster.in_place_costs`: each stage's span in each checkpoint
     mode the plan uses)."""
-    size = plan.micro_batch_sizes[0]
-    modes = {plan.checkpointed(m) for m in range(plan.n_microbatches)}
-    return all(cluster.in_place_cost(layers.start, layers.stop, size, mode) is not None
-               for layers in (plan.stage_layers(s) for s in range(plan.n_stages))
-               for mode in modes)
+    return _measured_for_every_stage(plan, cluster.in_place_cost)
 
 
 def _priced_after_waits(plan: Plan, cluster: Cluster) -> bool:
@@ -69,11 +76,18 @@ def _priced_after_waits(plan: Plan, cluster: Cluster) -> bool:
     (:attr:`pipesim.cluster.Cluster.idle_costs`, its forward's in each checkpoint mode the
     plan uses): read against the profile, they also carry each stage's pace in place, so a
     plan with them and one without are priced by two rulers."""
-    size = plan.micro_batch_sizes[0]
-    modes = {plan.checkpointed(m) for m in range(plan.n_microbatches)}
-    return all(cluster.idle_cost(layers.start, layers.stop, size, mode, "F")
-               for layers in (plan.stage_layers(s) for s in range(plan.n_stages))
-               for mode in modes)
+    return _measured_for_every_stage(
+        plan, lambda first, stop, size, mode: cluster.idle_cost(first, stop, size, mode, "F"))
+
+
+def _priced_in_order(plan: Plan, cluster: Cluster) -> bool:
+    """Whether every stage of ``plan`` has its run-on costs measured
+    (:attr:`pipesim.cluster.Cluster.run_on_costs`, its forward's in each checkpoint mode
+    the plan uses): a GPipe plan with them runs cheaper than one without."""
+    return _measured_for_every_stage(
+        plan, lambda first, stop, size, mode: next(
+            (x for x in cluster.run_on_costs if (x.first, x.stop, x.checkpointed, x.kind)
+             == (first, stop, mode, "F")), None))
 
 
 def _warn_of_two_rulers(table: pd.DataFrame, column: str, what: str) -> None:
@@ -237,13 +251,17 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                                  **({"in_place": _priced_in_place(plan, cluster)}
                                     if cluster.in_place_costs else {}),
                                  **({"idle_costs": _priced_after_waits(plan, cluster)}
-                                    if cluster.idle_costs else {})})
+                                    if cluster.idle_costs else {}),
+                                 **({"run_on_costs": _priced_in_order(plan, cluster)}
+                                    if cluster.run_on_costs else {})})
     bar.close()
     table = pd.DataFrame(rows)
     _warn_of_two_rulers(table, "in_place",
                         "every stage measured in place (cluster.in_place_costs)")
     _warn_of_two_rulers(table, "idle_costs", "every stage's idle costs measured (cluster."
                         "idle_costs; `pipesim calibrate --idle-costs PROFILE --balance tuned`)")
+    _warn_of_two_rulers(table, "run_on_costs", "every stage's run-on costs measured "
+                        "(cluster.run_on_costs)")
     fitting = _ranked(table[table["fits"]], tie)
     if fitting.empty:
         smallest = table.sort_values("peak_bytes").iloc[0]

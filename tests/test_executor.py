@@ -1007,6 +1007,26 @@ def test_idle_costs_time_each_stages_actions_after_its_rank_slept_against_at_onc
         idle_costs(job, [4], [2])
 
 
+def test_run_on_costs_time_a_forward_after_a_forward_against_one_after_a_backward():
+    from executor.in_place import RUN_ON, _stage_step, run_on_costs
+
+    job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
+    rows = run_on_costs(job, [1, 3], [2, 4], modes=("never",), rounds=2, pin_cores=False)
+    # one row per stage, size and kind: its scale the run-on median over the other's
+    assert sorted((r.first, r.stop, r.micro_batch, r.checkpointed, r.kind) for r in rows) == [
+        (first, stop, b, False, k) for first, stop in ((0, 1), (1, 4)) for b in (2, 4)
+        for k in ("B", "F")]
+    assert all(r.same_s > 0 and r.other_s > 0 and r.scale == pytest.approx(r.same_s / r.other_s)
+               for r in rows)
+    # the run-on step: two micro-batches in GPipe's order, the second forward and backward
+    # timed; as many samples as two micro-batches must be in the job's batch
+    step = _stage_step(job, [1, 3], 0, 4, idle=RUN_ON)
+    seconds = step()
+    assert seconds["F"] > 0 and seconds["B"] > 0 and seconds["between"] == 0.0
+    with pytest.raises(ValueError, match="2 micro-batches of 8 samples exceed the job's batch of 8"):
+        run_on_costs(job, [1, 3], [8], rounds=1, pin_cores=False)
+
+
 def test_spread_sizes_keep_the_ends_and_the_nearest_to_even_steps_in_log2():
     from executor.in_place import spread_sizes
 

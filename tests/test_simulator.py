@@ -662,6 +662,68 @@ def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_pat
         Cluster([Device("a")], idle_costs=(IdleCost(0, 3, 2, False, 0.01, 1e-3, "W"),))
 
 
+def test_a_run_of_forwards_or_backwards_costs_the_scale_measured_for_its_order():
+    # GPipe: each stage's forwards follow forwards, its backwards backwards (but the
+    # first of each); 1F1B's steady forwards follow backwards and keep their profile
+    from pipesim.cluster import RunOnCost
+
+    prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
+    runs = (RunOnCost(0, 1, 1, False, "F", 0.5), RunOnCost(0, 1, 1, False, "B", 0.75),
+            RunOnCost(1, 2, 1, False, "F", 0.5))
+    cluster = Cluster([Device("a"), Device("b")], run_on_costs=runs)
+
+    def durations(schedule: str) -> pd.DataFrame:
+        plan = Plan([1, 1], 4, 4, checkpoint="never", schedule=schedule)
+        a = simulate(prof, plan, cluster).actions
+        a = a[a.kind.isin(["F", "B"])].sort_values("start").copy()
+        a["before"] = a.groupby("stage").kind.shift(1)
+        a["seconds"] = a.end - a.start
+        return a
+
+    gpipe = durations("gpipe")
+    for (stage, kind, before), want in {(0, "F", "F"): 0.5, (1, "F", "F"): 0.5,
+                                        (0, "B", "B"): 1.5, (1, "B", "B"): 2.0,
+                                        (0, "B", "F"): 2.0, (1, "B", "F"): 2.0}.items():
+        rows = gpipe[(gpipe.stage == stage) & (gpipe.kind == kind) & (gpipe.before == before)]
+        assert len(rows) and rows.seconds.tolist() == pytest.approx([want] * len(rows))
+    firsts = gpipe[gpipe.before.isna()]  # each stage's first forward: nothing before it
+    assert firsts.seconds.tolist() == pytest.approx([1.0, 1.0])
+    f1b = durations("1f1b")
+    after_backward = f1b[(f1b.kind == "F") & (f1b.before == "B")]
+    assert len(after_backward) and after_backward.seconds.tolist() == pytest.approx(
+        [1.0] * len(after_backward))
+    # GPipe: stage 1's forwards 1 + 3 x 0.5 s, its backwards 4 x 2 s, after stage 0's
+    # first forward (1 s); stage 0's last backward ends 1.5 s after stage 1's last
+    gpipe_plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="gpipe")
+    assert metrics(simulate(prof, gpipe_plan, cluster)).iteration_time_s == pytest.approx(
+        1.0 + 2.5 + 8.0 + 1.5)
+    # a replay's durations are the run's own: no scale on them
+    replay = simulate(prof, gpipe_plan, cluster,
+                      durations={(s, k, mb): 1.0 for s in (0, 1) for k in ("F", "B")
+                                 for mb in range(4)}).actions
+    assert (replay.end - replay.start).max() == pytest.approx(1.0)
+
+
+def test_run_on_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
+    from pipesim.cluster import RunOnCost
+    from pipesim.errors import ClusterError
+
+    c = Cluster([Device("a"), Device("b")], run_on_costs=(
+        RunOnCost(0, 3, 2, False, "F", 0.6), RunOnCost(0, 3, 8, False, "F", 0.9),
+        RunOnCost(0, 3, 2, True, "F", 0.8), RunOnCost(0, 3, 2, False, "B", 0.95)))
+    assert c.run_on_scale(0, 3, 4, False, "F") == pytest.approx(0.75)  # halfway in log2
+    assert c.run_on_scale(0, 3, 32, False, "F") == pytest.approx(0.9)  # the nearest size's
+    assert c.run_on_scale(0, 3, 4, True, "F") == pytest.approx(0.8)
+    assert c.run_on_scale(0, 3, 4, False, "B") == pytest.approx(0.95)
+    assert c.run_on_scale(3, 6, 4, False, "F") == 1.0  # another span: not measured
+    assert c.run_on_scale(0, 3, 4, True, "B") == 1.0  # nor that mode and kind
+    assert Cluster.load(c.save(tmp_path / "c.json")).run_on_costs == c.run_on_costs
+    with pytest.raises(ClusterError, match=r"layers \[0, 3\) at 2 samples needs .* got 0\.0 and 'F'"):
+        Cluster([Device("a")], run_on_costs=(RunOnCost(0, 3, 2, False, "F", 0.0),))
+    with pytest.raises(ClusterError, match=r"kind 'F' or 'B', got 0\.9 and 'W'"):
+        Cluster([Device("a")], run_on_costs=(RunOnCost(0, 3, 2, False, "W", 0.9),))
+
+
 def test_a_checkpointed_backward_without_an_idle_curve_costs_its_plain_one_and_the_extra_measured():
     from pipesim.cluster import CheckpointExtra, IdleCost
 
@@ -2244,6 +2306,15 @@ def test_a_saved_run_is_predicted_again_with_the_idle_costs_it_measured(tmp_path
     older["summary"]["idle_costs_in_place"] = {"m": curve}
     (tmp_path / "validation_cpu.json").write_text(json.dumps(older))
     assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(with_own)
+    # run-on costs a run measured (validate.py --run-on) are an ablation: predicted with
+    # only when given (GPipe: stage 0's second forward after its first, at half; its
+    # backward then waits longer, and pays the curve for it)
+    runs = [dict(first=0, stop=1, micro_batch=1, checkpointed=False, kind="F", scale=0.5)]
+    older["summary"]["run_on_costs"] = {"m": runs}
+    (tmp_path / "validation_cpu.json").write_text(json.dumps(older))
+    assert predict_saved(tmp_path).predicted_ms_now.iloc[0] == pytest.approx(with_own)
+    assert predict_saved(tmp_path, run_on={"m": runs}).predicted_ms_now.iloc[0] != pytest.approx(
+        with_own)
 
 
 def test_a_run_cut_before_its_predictions_is_predicted_from_what_it_measured(tmp_path):

@@ -152,6 +152,28 @@ def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
         assert "idle_costs" not in _tuned_2x2(Cluster(two)).table
 
 
+def test_tuning_with_some_balances_run_on_costs_measured_warns_of_two_rulers():
+    import warnings
+
+    from pipesim.cluster import RunOnCost
+
+    two = [Device("a"), Device("b")]
+
+    def runs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, per span
+        return tuple(RunOnCost(first, stop, 4, False, kind, scale)
+                     for first, stop in spans for kind, scale in (("F", 0.8), ("B", 0.9)))
+
+    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage's "
+                                         r"run-on costs measured .* two rulers"):
+        result = _tuned_2x2(Cluster(two, run_on_costs=runs(((0, 2), (2, 4)))))
+    assert result.table.set_index("balance")["run_on_costs"].to_dict() == {
+        "2,2": True, "1,3": False, "3,1": False}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        every = runs(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
+        assert _tuned_2x2(Cluster(two, run_on_costs=every)).table["run_on_costs"].all()
+
+
 def test_tuned_balances_are_every_balance_the_tuner_tries_one_stage_a_device():
     from pipesim.tune import tuned_balances
 
