@@ -139,7 +139,7 @@ class RunOnCost:
     ``micro_batch`` samples (checkpointed or not) costs right after an action of the same
     kind and stage on its worker, against right after one of the other kind: ``scale =
     same_s / other_s``, measured in place (:func:`executor.in_place.run_on_costs`: the
-    stage alone, its steps in GPipe's order and in 1F1B's, one after the other)::
+    stage alone, a step in GPipe's order against its plain step, paired in rounds)::
 
         gpipe   |F0|F1|F2|..|B2|B1|B0|      F1, F2 after a forward; B1, B0 after a backward
         1f1b    |F0|B0|F1|B1|F2|B2|         F1, F2 after a backward; B0.. after a forward
