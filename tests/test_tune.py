@@ -127,51 +127,40 @@ def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
         assert "in_place" not in _tuned_2x2(Cluster(two)).table
 
 
-def test_tuning_with_some_balances_idle_costs_measured_warns_of_two_rulers():
-    import warnings
-
+def _idle_costs(spans):  # what a 1 ms wait costs each span's forward and backward
     from pipesim.cluster import IdleCost
 
-    two = [Device("a"), Device("b")]
-
-    def waits(spans):  # what a 1 ms wait costs each span's forward and backward
-        return tuple(IdleCost(first, stop, 4, False, 0.001, 1e-4, kind)
-                     for first, stop in spans for kind in "FB")
-
-    # the idle costs of [2,2] measured (calibrate --idle-costs one balance), not the
-    # neighbours': read against the profile, they re-price [2,2] alone
-    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage's idle "
-                                         r"costs measured .* two rulers"):
-        result = _tuned_2x2(Cluster(two, idle_costs=waits(((0, 2), (2, 4)))))
-    assert result.table.set_index("balance")["idle_costs"].to_dict() == {
-        "2,2": True, "1,3": False, "3,1": False}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        every = waits(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
-        assert _tuned_2x2(Cluster(two, idle_costs=every)).table["idle_costs"].all()
-        assert "idle_costs" not in _tuned_2x2(Cluster(two)).table
+    return {"idle_costs": tuple(IdleCost(first, stop, 4, False, 0.001, 1e-4, kind)
+                                for first, stop in spans for kind in "FB")}
 
 
-def test_tuning_with_some_balances_run_on_costs_measured_warns_of_two_rulers():
-    import warnings
-
+def _run_on_costs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, per span
     from pipesim.cluster import RunOnCost
 
+    return {"run_on_costs": tuple(RunOnCost(first, stop, 4, False, kind, scale)
+                                  for first, stop in spans
+                                  for kind, scale in (("F", 0.8), ("B", 0.9)))}
+
+
+@pytest.mark.parametrize("measured, what", [(_idle_costs, "idle costs"),
+                                            (_run_on_costs, "run-on costs")])
+def test_tuning_with_some_balances_measured_so_warns_of_two_rulers(measured, what):
+    # the readings of [2,2] measured (calibrate one balance), not the neighbours': they
+    # re-price [2,2] alone
+    import warnings
+
     two = [Device("a"), Device("b")]
-
-    def runs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, per span
-        return tuple(RunOnCost(first, stop, 4, False, kind, scale)
-                     for first, stop in spans for kind, scale in (("F", 0.8), ("B", 0.9)))
-
-    with pytest.warns(UserWarning, match=r"tune: 1 of 3 candidates have every stage's "
-                                         r"run-on costs measured .* two rulers"):
-        result = _tuned_2x2(Cluster(two, run_on_costs=runs(((0, 2), (2, 4)))))
-    assert result.table.set_index("balance")["run_on_costs"].to_dict() == {
+    column = next(iter(measured(())))
+    with pytest.warns(UserWarning, match=rf"tune: 1 of 3 candidates have every stage's "
+                                         rf"{what} measured .* two rulers"):
+        result = _tuned_2x2(Cluster(two, **measured(((0, 2), (2, 4)))))
+    assert result.table.set_index("balance")[column].to_dict() == {
         "2,2": True, "1,3": False, "3,1": False}
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        every = runs(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
-        assert _tuned_2x2(Cluster(two, run_on_costs=every)).table["run_on_costs"].all()
+        every = measured(((0, 1), (1, 4), (0, 2), (2, 4), (0, 3), (3, 4)))
+        assert _tuned_2x2(Cluster(two, **every)).table[column].all()
+        assert column not in _tuned_2x2(Cluster(two)).table
 
 
 def test_tuned_balances_are_every_balance_the_tuner_tries_one_stage_a_device():
