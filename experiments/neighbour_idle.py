@@ -10,13 +10,25 @@ other core either sleeps or runs the other stage's forward and backward over and
     quiet      rank 0  |F|----- idle -----|B..|      rank 1  (sleeps)
     busy       rank 0  |F|----- idle -----|B.....|   rank 1  |F|B|F|B|F|B|F|B|F|B|
 
-The layers are the CPU grid's MLP (``validate.py``'s sizes) split as ``--balance``; the
-stage timed is ``--stage`` (0: the first), the neighbour the other one.  Alternated within
-each round, medians over rounds.
+The layers are one of the CPU grid's models (``--model``, ``validate.py``'s sizes) split
+as ``--balance`` (GPT's stages as ``nn.Sequential`` slices; U-Net's skips need the
+executor, so it is not offered); the stage timed is ``--stage`` (0: the first), the
+neighbour the other one.  Alternated within each round, medians over rounds.
 
-    python experiments/neighbour_idle.py [--balance 1,7] [--stage 0] [--sizes 2,8,32]
-        [--idle-ms 2,10] [--rounds 40]
-Writes experiments/results/neighbour_idle_BALANCE_stageS.csv and .json.
+With ``--before F`` the wait comes before the forward instead, and the forward and the
+backward right after it are both timed: whether a wait slows more than the one action
+after it (a balanced pipeline at one micro-batch: each rank sleeps 15-55 ms while the
+other computes, then runs its forward and backward).  With ``--busy wait`` the neighbour
+computes during the wait only, stopping as the timed action starts (it finishes the step
+it is in: ``--neighbour-size`` keeps its steps short), as a pipeline's neighbour does
+once it has sent what the rank waits for; by default (``all``) it computes through the
+timed actions too.
+
+    python experiments/neighbour_idle.py [--model mlp] [--balance 1,7] [--stage 0]
+        [--sizes 2,8,32] [--idle-ms 2,10] [--rounds 40] [--before B] [--busy all]
+        [--neighbour-size N]
+Writes experiments/results/neighbour_idle_BALANCE_stageS.csv and .json (MLP's), or
+neighbour_idle_MODEL_BALANCE_stageS.csv and .json.
 """
 
 from __future__ import annotations
@@ -36,30 +48,32 @@ import pandas as pd
 from experiments.common import machine, write_results
 
 
-def _stage(balance: list[int], stage: int, size: int):
-    """The layers of ``stage`` (the CPU grid's MLP), its input and output gradient."""
+def _stage(model: str, balance: list[int], stage: int, size: int):
+    """The layers of ``stage`` (of the CPU grid's ``model``), its input and output
+    gradient."""
     import torch
 
     from executor.models import builtin_job
     from experiments.validate import MODELS
 
-    module, _, x, _ = builtin_job("mlp", 32, **MODELS["mlp"])
+    module, _, x, _ = builtin_job(model, 32, **MODELS[model])
     first = sum(balance[:stage])
     layers = torch.nn.Sequential(*list(module)[first:first + balance[stage]])
     with torch.no_grad():
         h = torch.nn.Sequential(*list(module)[:first])(x[:size]) if first else x[:size]
-    h = h.detach().requires_grad_(first > 0)
+    h = h.detach().requires_grad_(first > 0 and h.is_floating_point())
     grad = torch.randn_like(layers(h))
     return layers, h, grad
 
 
-def _neighbour(balance: list[int], stage: int, size: int, core: int, busy, stop) -> None:
+def _neighbour(model: str, balance: list[int], stage: int, size: int, core: int, busy,
+               stop) -> None:
     """The other stage's forward and backward over and over while ``busy`` is set."""
     import torch
 
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    layers, h, grad = _stage(balance, stage, size)
+    layers, h, grad = _stage(model, balance, stage, size)
     while not stop.is_set():
         if busy.is_set():
             layers(h).backward(grad)
@@ -68,9 +82,13 @@ def _neighbour(balance: list[int], stage: int, size: int, core: int, busy, stop)
 
 
 def measure(balance: list[int], stage: int, sizes: list[int], idles: list[float],
-            rounds: int) -> pd.DataFrame:
-    """Median backward seconds of ``stage`` after each idle, the neighbour quiet or busy
-    (and with no idle, the step's steady pace), per size."""
+            rounds: int, model: str = "mlp", before: str = "B", busy_during: str = "all",
+            neighbour_size: int = 0) -> pd.DataFrame:
+    """Median backward seconds of ``stage`` after each idle (``before="F"``: the idle
+    before the forward, and the forward's median seconds too), the neighbour quiet or busy
+    (through the timed actions, or with ``busy_during="wait"`` during the idle only; its
+    steps on ``neighbour_size`` samples, 0: the timed stage's size), and with no idle the
+    step's steady pace, per size."""
     import torch
 
     from executor.host_allocator import retain_freed_memory
@@ -83,56 +101,86 @@ def measure(balance: list[int], stage: int, sizes: list[int], idles: list[float]
     rows = []
     for size in sizes:
         busy, stop = ctx.Event(), ctx.Event()
-        proc = ctx.Process(target=_neighbour, args=(balance, other, size, 1, busy, stop),
+        proc = ctx.Process(target=_neighbour, args=(model, balance, other,
+                                                    neighbour_size or size, 1, busy, stop),
                            daemon=True)
         proc.start()
-        layers, h, grad = _stage(balance, stage, size)
+        layers, h, grad = _stage(model, balance, stage, size)
         for _ in range(20):  # warm
             layers(h).backward(grad)
-        times: dict[tuple[str, float], list[float]] = {}
+        times: dict[tuple[str, float], list[tuple[float, float]]] = {}
         for _ in range(rounds):
             for neighbour in ("quiet", "busy"):
                 for idle in (0.0, *idles):
-                    out = layers(h)
-                    if neighbour == "busy":
-                        busy.set()
-                    if idle:
+                    # (no idle: the step right after the last, the steady pace)
+                    if before == "F":
+                        if neighbour == "busy":
+                            busy.set()
                         time.sleep(idle)
-                    else:  # the steady pace: the step right after the last
-                        pass
+                        if busy_during == "wait":
+                            busy.clear()
                     t0 = time.perf_counter()
+                    out = layers(h)
+                    t1 = time.perf_counter()
+                    if before == "B":  # the neighbour starts after the forward
+                        if neighbour == "busy":
+                            busy.set()
+                        time.sleep(idle)
+                        if busy_during == "wait":
+                            busy.clear()
+                        t1 = time.perf_counter()
                     out.backward(grad)
-                    times.setdefault((neighbour, idle), []).append(time.perf_counter() - t0)
+                    t2 = time.perf_counter()
+                    times.setdefault((neighbour, idle), []).append((t1 - t0, t2 - t1))
                     busy.clear()
                     time.sleep(0.002)  # the neighbour's step ends before the next one
         stop.set()
         proc.join(timeout=60)
         for (neighbour, idle), ts in times.items():
-            rows.append({"balance": ",".join(map(str, balance)), "stage": stage, "size": size,
-                         "neighbour": neighbour, "idle_ms": 1e3 * idle,
-                         "backward_ms": 1e3 * statistics.median(ts), "rounds": len(ts)})
+            rows.append({"model": model, "balance": ",".join(map(str, balance)),
+                         "stage": stage, "size": size, "neighbour": neighbour,
+                         "idle_ms": 1e3 * idle, "before": before, "busy_during": busy_during,
+                         "forward_ms": 1e3 * statistics.median(f for f, _ in ts),
+                         "backward_ms": 1e3 * statistics.median(b for _, b in ts),
+                         "rounds": len(ts)})
     return pd.DataFrame(rows)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="mlp", choices=("mlp", "gpt"))
     ap.add_argument("--balance", default="1,7")
     ap.add_argument("--stage", type=int, default=0)
     ap.add_argument("--sizes", default="2,8,32")
     ap.add_argument("--idle-ms", default="2,10")
     ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--before", default="B", choices=("B", "F"),
+                    help="the action the wait comes before (F: the forward and backward timed)")
+    ap.add_argument("--busy", default="all", choices=("all", "wait"),
+                    help="when the busy neighbour computes: through the timed actions too, "
+                         "or during the wait only")
+    ap.add_argument("--neighbour-size", type=int, default=0,
+                    help="samples of the neighbour's steps (0: the timed stage's size)")
     args = ap.parse_args()
     if len(os.sched_getaffinity(0)) < 2:
         raise SystemExit("neighbour_idle needs two cores")
     table = measure([int(b) for b in args.balance.split(",")], args.stage,
                     [int(s) for s in args.sizes.split(",")],
-                    [float(i) / 1e3 for i in args.idle_ms.split(",")], args.rounds)
-    wide = table.pivot_table(index=["size", "idle_ms"], columns="neighbour",
-                             values="backward_ms")
-    wide["busy_over_quiet"] = wide["busy"] / wide["quiet"]
-    print(f"stage {args.stage} of [{args.balance}], backward ms (medians of {args.rounds})")
-    print(wide.round(3).to_string())
-    name = f"neighbour_idle_{args.balance.replace(',', '_')}_stage{args.stage}"
+                    [float(i) / 1e3 for i in args.idle_ms.split(",")], args.rounds, args.model,
+                    args.before, args.busy, args.neighbour_size)
+    timed = ("forward_ms", "backward_ms") if args.before == "F" else ("backward_ms",)
+    for what in timed:
+        wide = table.pivot_table(index=["size", "idle_ms"], columns="neighbour", values=what)
+        wide["busy_over_quiet"] = wide["busy"] / wide["quiet"]
+        print(f"{args.model} stage {args.stage} of [{args.balance}], {what} (medians of "
+              f"{args.rounds}; the wait before {args.before}, busy during {args.busy})")
+        print(wide.round(3).to_string())
+    balance = args.balance.replace(",", "_")
+    name = f"neighbour_idle_{balance}_stage{args.stage}"
+    if args.model != "mlp":  # (MLP's files keep their first names)
+        name = f"neighbour_idle_{args.model}_{balance}_stage{args.stage}"
+    if args.before != "B" or args.busy != "all":
+        name += f"_before{args.before}_busy{args.busy}"
     path = write_results(name, table, {**machine(), **vars(args)})
     print(f"wrote {path}")
 
