@@ -81,6 +81,16 @@ def _neighbour(model: str, balance: list[int], stage: int, size: int, core: int,
             time.sleep(0.0005)
 
 
+def _wait(busy, busy_now: bool, idle: float, stop_after: bool) -> None:
+    """The rank's wait of ``idle`` seconds, the neighbour computing through it where
+    ``busy_now`` (and stopped as it ends where ``stop_after``)."""
+    if busy_now:
+        busy.set()
+    time.sleep(idle)
+    if stop_after:
+        busy.clear()
+
+
 def measure(balance: list[int], stage: int, sizes: list[int], idles: list[float],
             rounds: int, model: str = "mlp", before: str = "B", busy_during: str = "all",
             neighbour_size: int = 0) -> pd.DataFrame:
@@ -113,21 +123,14 @@ def measure(balance: list[int], stage: int, sizes: list[int], idles: list[float]
             for neighbour in ("quiet", "busy"):
                 for idle in (0.0, *idles):
                     # (no idle: the step right after the last, the steady pace)
+                    busy_now, stop_after = neighbour == "busy", busy_during == "wait"
                     if before == "F":
-                        if neighbour == "busy":
-                            busy.set()
-                        time.sleep(idle)
-                        if busy_during == "wait":
-                            busy.clear()
+                        _wait(busy, busy_now, idle, stop_after)
                     t0 = time.perf_counter()
                     out = layers(h)
                     t1 = time.perf_counter()
                     if before == "B":  # the neighbour starts after the forward
-                        if neighbour == "busy":
-                            busy.set()
-                        time.sleep(idle)
-                        if busy_during == "wait":
-                            busy.clear()
+                        _wait(busy, busy_now, idle, stop_after)
                         t1 = time.perf_counter()
                     out.backward(grad)
                     t2 = time.perf_counter()
