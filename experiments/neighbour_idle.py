@@ -179,9 +179,8 @@ def main() -> None:
               f"{args.rounds}; the wait before {args.before}, busy during {args.busy})")
         print(wide.round(3).to_string())
     balance = args.balance.replace(",", "_")
-    name = f"neighbour_idle_{balance}_stage{args.stage}"
-    if args.model != "mlp":  # (MLP's files keep their first names)
-        name = f"neighbour_idle_{args.model}_{balance}_stage{args.stage}"
+    model = "" if args.model == "mlp" else f"{args.model}_"  # (MLP's keep their first names)
+    name = f"neighbour_idle_{model}{balance}_stage{args.stage}"
     if args.before != "B" or args.busy != "all":
         name += f"_before{args.before}_busy{args.busy}"
     path = write_results(name, table, {**machine(), **vars(args)})
