@@ -31,12 +31,12 @@ from pipesim.cli import (
 if TYPE_CHECKING:
     from typing import TypeVar
 
-    from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost
+    from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost, SpanSlowdown
     from pipesim.plan import Plan
     from pipesim.profile import Profile
 
     #: rows measured in place for a span of layers
-    Spanned = TypeVar("Spanned", IdleCost, CheckpointExtra, ExecutorGap)
+    Spanned = TypeVar("Spanned", IdleCost, CheckpointExtra, ExecutorGap, SpanSlowdown)
 
 
 def torch_dtype(name: str):
@@ -562,8 +562,10 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     processes and, with ``--idle-costs PROFILE``, what a wait costs each stage of each
     ``--balance`` (:func:`executor.in_place.idle_costs`), read against that profile, what
     checkpointing adds to each stage's backward (:func:`executor.in_place.
-    checkpoint_extras`) and its own executor seconds between actions
-    (:class:`pipesim.cluster.ExecutorGap`)."""
+    checkpoint_extras`), its own executor seconds between actions
+    (:class:`pipesim.cluster.ExecutorGap`) and how much its stages slow each other
+    computing at once (:func:`executor.in_place.stage_contention`: on top of the host
+    contention; over 45 grids of this project's VM, 2.00% / 14.1% -> 1.96% / 6.0% pooled)."""
     from executor.calibrate import calibrate_cpu, calibration_executor_gap, overheads_text
     from executor.in_place import (
         IDLE_SIZES,
@@ -571,6 +573,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
         executor_gaps_of,
         idle_costs,
         spread_sizes,
+        stage_contention,
         stage_costs,
     )
     from pipesim.costs import with_profile_seconds
@@ -591,6 +594,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     waits: list[IdleCost] = []
     extras: list[CheckpointExtra] = []
     gaps: list[ExecutorGap] = []
+    slowdowns: list[SpanSlowdown] = []
     for balance in balances:
         print(f"idle costs of balance {list(balance)} at {spread_sizes(sizes, IDLE_SIZES)} "
               f"samples ({'every rank at once' if args.idle_at_once else 'one rank at a time'})"
@@ -611,13 +615,19 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
               f"{base * 1e3:.3f} ms): " + "  ".join(
                   f"stage {firsts.index(x.first)} {x.micro_batch} samples "
                   f"{x.seconds * 1e3:.3f} ms" for x in own if not x.checkpointed))
+        # and how much the stages slow each other computing at once (their memory
+        # traffic), on top of the host contention
+        slow = stage_contention(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
+        _print_slowdowns(slow, balance)
         waits += _unmeasured(rows, waits)
         extras += _unmeasured(added, extras)
         gaps += _unmeasured(own, gaps)
+        slowdowns += _unmeasured(slow, slowdowns)
     listed = ", ".join(str(list(b)) for b in balances)
     print(f"  (plans of balance {listed} pay them; other balances predict without)")
     return dataclasses.replace(cluster, idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
-                               executor_gaps=tuple(gaps), executor_gap_base_s=base)
+                               executor_gaps=tuple(gaps), executor_gap_base_s=base,
+                               host_slowdowns=tuple(slowdowns))
 
 
 def _with_thread_idle_costs(args: argparse.Namespace, cluster: Cluster, profile: Profile,
@@ -676,6 +686,15 @@ def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
               f"seconds more after an idle of {extra} ms")
 
 
+def _print_slowdowns(slowdowns: Sequence[SpanSlowdown], balance: list[int]) -> None:
+    """Each stage's slowdown beside the other ranks computing, per size."""
+    firsts = stage_firsts(balance)
+    for (first, _), part in sorted(_grouped(slowdowns, lambda r: (r.first, r.stop)).items()):
+        print(f"  stage {firsts.index(first)} beside the others computing: "
+              + "  ".join(f"{x.micro_batch} samples x{x.slowdown:.2f}"
+                          for x in sorted(part, key=lambda x: x.micro_batch)))
+
+
 def _print_checkpoint_extras(extras: Sequence[CheckpointExtra], balance: list[int]) -> None:
     """What checkpointing adds to each stage's backward, per size."""
     firsts = stage_firsts(balance)
@@ -717,8 +736,8 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-costs", metavar="PROFILE",
                    help="also measure idle costs and the checkpoint's extras in place, read "
                    "against this profile of --model (taken on this machine: `pipesim "
-                   "profile`): in each rank for processes, in this process for threads "
-                   "on the CPU")
+                   "profile`): in each rank for processes (and how much the stages slow "
+                   "each other computing at once), in this process for threads on the CPU")
     p.add_argument("--stage-costs", metavar="PROFILE",
                    help="threads: also measure each stage of --balance in place on --device, "
                    "plain and checkpointed at this profile's sizes (taken there: `pipesim "

@@ -30,9 +30,16 @@ What it found on this project's 2-core VM (2026-11-24,
 ``experiments/in_place_contention.py``): in a quiet hour, medians of three repeats GPT
 1.00-1.08, U-Net 1.00-1.07, MLP 1.00-1.18 (one reading up to 1.13, 1.09, 1.30; repeats
 0.03 apart, median); the balanced layouts 1.26-1.53 half an hour before, during a grid.
-The grid's own overlapping actions ran at 0.93-1.06 of their profile, and as the
-simulator's host law it predicted worse than the generic figure (``experiments/README.md``,
-"Largest remaining errors"): ``experiments/validate.py`` keeps it as an ablation, not the prediction.
+The grid's own overlapping actions ran at 0.93-1.06 of their profile, and *in place of*
+the generic figure it predicted worse (``experiments/README.md``, "Largest remaining
+errors"): the generic figure holds what a neighbour that computes and exchanges messages
+costs, which this measurement (no message) does not.  What this one holds and the generic
+one does not is the neighbour's memory traffic: MLP [4,4]'s first stage ran 1.20x beside a
+neighbour streaming 8 MiB, 0.98x beside one spinning on registers, 1.23x beside the real
+second stage (2026-11-30, session 52).  So since then the simulator runs each action at
+the host law *and* its span's slowdown (:attr:`pipesim.cluster.Cluster.host_slowdowns`),
+and ``experiments/validate.py`` predicts with both (its ablation ``no_in_place_contention``
+without this one).
 """
 
 from __future__ import annotations

@@ -15,7 +15,8 @@ Each run is a results folder as ``validate.py`` leaves it (``validation_cpu.csv/
 committed to ``experiments/results/`` from this repository's history, ``--runs`` folders.
 Every prediction column the runs share is pooled (the default model as it ran, its
 ablations); ``--repredict`` adds today's model (``predicted_ms_now``), each run predicted
-again from its own profiles and calibration (and idle costs, where it measured them).
+again from its own profiles and calibration (and in-place readings, where it measured
+them: idle costs, host slowdowns, ...).
 Figures: per column, the pooled median and max |error| (per model too), each run's own,
 the run-to-run scatter, and Spearman and the regret of each run's choice judged by the
 pooled times (median over runs); and how one run's own error grows with its pass noise
@@ -24,7 +25,7 @@ machine).
 
     python experiments/grid_history.py [--git 4] [--runs DIR ...] [--name NAME]
                                        [--repredict [--set F=V]
-                                       [--slowdowns run|FILE] [--costs FILE]
+                                       [--slowdowns none|FILE] [--costs FILE]
                                        [--idle none|FILE] [--extras none|FILE]
                                        [--gaps none|FILE] [--run-on run|FILE]
                                        [--contention-readings so_far|run]]
@@ -108,8 +109,10 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
               contention_readings: str = "", run_on: str = "") -> pd.DataFrame:
     """One row per run and plan: measured_ms and every prediction column, ``run`` naming
     the folder (and ``predicted_ms_now`` with ``repredict``, each run's calibration with
-    ``cluster_fields`` replaced; with ``slowdowns`` too, ``predicted_ms_now_in_place``:
-    the same with host slowdowns measured in place, from ``slowdowns``, see
+    ``cluster_fields`` replaced, and the host slowdowns each run measured in place, where
+    it did; with ``slowdowns``, ``"none"`` or a JSON file of them
+    (``experiments/in_place_contention.py``): ``predicted_ms_now_no_slowdowns``, the same
+    without them, or ``predicted_ms_now_slowdowns``, with the file's in their place, see
     :func:`experiments.validation.in_place_readings`; with ``costs``, a JSON file of
     stage costs measured in place (``experiments/in_place_costs.py``),
     ``predicted_ms_now_in_place_costs``: the same with each action those seconds; with
@@ -140,10 +143,6 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
     for folder in folders:
         table = (predict_saved(folder, tag, cluster_fields) if repredict
                  else pd.read_csv(folder / f"validation_{tag}.csv"))
-        if repredict and slowdowns:
-            again = predict_saved(folder, tag, cluster_fields,
-                                  in_place_readings(folder, slowdowns, "slowdowns", tag))
-            table["predicted_ms_now_in_place"] = again.predicted_ms_now
         if repredict and scale_contention:
             again = predict_saved(folder, tag, cluster_fields, contention_scale=scale_contention)
             table["predicted_ms_now_scaled_contention"] = again.predicted_ms_now
@@ -154,7 +153,8 @@ def load_runs(folders: list[Path], tag: str = "cpu", repredict: bool = False,
             again = predict_saved(folder, tag, cluster_fields, costs=measured)
             table["predicted_ms_now_in_place_costs"] = again.predicted_ms_now
         # the run's own in-place readings left out ("none") or a file's in their place
-        for option, source, what in (("idle", idle, "idle_costs"),
+        for option, source, what in (("slowdowns", slowdowns, "slowdowns"),
+                                     ("idle", idle, "idle_costs"),
                                      ("extras", extras, "checkpoint_extras"),
                                      ("gaps", gaps, "executor_gaps")):
             if repredict and source:
@@ -295,10 +295,11 @@ def main() -> None:
     ap.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                     help="with --repredict: replace a field of every run's calibration "
                     "(seconds; 'none' for an unset one), e.g. --set wakeup_gap_s=0.0005")
-    ap.add_argument("--slowdowns", default="", metavar="run|FILE",
-                    help="with --repredict: also predict with host slowdowns measured in place "
-                    "(predicted_ms_now_in_place): 'run' those each run measured, or a file "
-                    "of them (experiments/in_place_contention.py)")
+    ap.add_argument("--slowdowns", default="", metavar="none|FILE",
+                    help="with --repredict: also predict without the host slowdowns each run "
+                    "measured in place ('none': predicted_ms_now_no_slowdowns), or with a "
+                    "file of them (experiments/in_place_contention.py) in their place "
+                    "(predicted_ms_now_slowdowns)")
     ap.add_argument("--scale-contention", type=float, default=0.0, metavar="F",
                     help="with --repredict: also predict with the host-contention readings "
                     "of the runs calibrated before 2026-11-29 (whose protocol read the wait "

@@ -5,8 +5,8 @@ Each built-in model's stages, in each balance the committed CPU grid ran
 rank computing its own stage alone and beside the other (:func:`executor.in_place.stage_contention`,
 pinned as the runs are).  ``--repeats`` measurements, taken one after the other, say how
 far one reading is from the next on this machine; the file keeps their median, which
-``grid_history.py --repredict --slowdowns FILE`` applies to the runs pooled there (a
-what-if: this hour's measurement on other hours' runs)::
+``grid_history.py --repredict --slowdowns FILE`` applies to the runs pooled there in place
+of each run's own (a what-if: this hour's measurement on other hours' runs)::
 
     python experiments/in_place_contention.py [--models mlp,gpt,unet] [--repeats 3]
     python experiments/grid_history.py --git 5 --repredict \\

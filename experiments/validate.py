@@ -3,7 +3,9 @@
 1. calibrate links and executor overhead (executor.calibrate; never the plans below);
 2. profile each built-in model offline, one thread, at every micro-batch size used, and
    measure in place what a wait costs each balance's actions (``executor.in_place.idle_costs``,
-   ``--no-idle-costs`` to skip; the ablation ``no_idle_costs`` predicts without);
+   ``--no-idle-costs`` to skip; the ablation ``no_idle_costs`` predicts without) and how
+   much its stages slow each other computing at once (``executor.in_place.stage_contention``,
+   on top of the host law; the ablation ``no_in_place_contention`` predicts without);
 3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
    and 1F1B) through ``executor.distributed`` (2 processes x 1 thread, each on its own
    core unless ``--no-pin``; the calibration's processes alike) and simulate it;
@@ -278,8 +280,9 @@ def main() -> None:
             plans = paired(plans)
         print(f"{name}: {len(plans)} plans", flush=True)
         clock.mark(f"{name}: own contention, grid")
-        # the ablation in_place_contention: each balance's stages computing alone and
-        # together in the run's layout, per micro-batch size (executor.in_place)
+        # the layout's own contention (the prediction's, on top of the host law): each
+        # balance's stages computing alone and together in the run's layout, per
+        # micro-batch size (executor.in_place.stage_contention)
         balances = sorted({tuple(p.balance) for p in plans})
         sizes_of_plans = sorted({b for p in plans for b in p.micro_batch_sizes})
         spans = [] if args.lean else [
@@ -395,14 +398,16 @@ def main() -> None:
         in_action.append(again["in_action_s"])
         clock.mark(f"{name}: readings after the grid")
         keep_readings()
+        # (the layout's own contention measured in place runs on top of the host law:
+        # pipesim.cluster.SpanSlowdown; the ablation no_in_place_contention leaves it out)
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
             idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
-            executor_gaps=tuple(executor))
+            executor_gaps=tuple(executor), host_slowdowns=tuple(spans))
         unbracketed = dataclasses.replace(
             bracketed(cluster, contention[-2:-1], gaps[-2:-1], in_action[-2:-1]),
             idle_costs=tuple(waits), checkpoint_extras=tuple(extras),
-            executor_gaps=tuple(executor))
+            executor_gaps=tuple(executor), host_slowdowns=tuple(spans))
         ablations = {"no_ckpt_cost": (without_columns(prof, CHECKPOINT_COSTS), model_cluster),
                      # messages landing in their receiver's action cost nothing (before
                      # 2026-11-29 13:00)
@@ -420,8 +425,9 @@ def main() -> None:
                              model_cluster, host_contention=sum(ring[-2:]) / 2)),
                          "model_contention": (prof, dataclasses.replace(
                              model_cluster, host_contention=own)),
-                         "in_place_contention": (prof, dataclasses.replace(
-                             model_cluster, host_slowdowns=tuple(spans)))}
+                         # the host law alone, as predicted before 2026-11-30 evening
+                         "no_in_place_contention": (prof, dataclasses.replace(
+                             model_cluster, host_slowdowns=()))}
                         if not args.lean else {}),
                      **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
                                                                      idle_costs=()))}

@@ -386,7 +386,9 @@ def predict_saved(folder: Path, tag: str = "cpu",
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
     the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
     their dicts) give a model's cluster host slowdowns measured in place
-    (:func:`executor.in_place.stage_contention`; see :func:`in_place_readings`);
+    (:func:`executor.in_place.stage_contention`, on top of the host law; see
+    :func:`in_place_readings`): by default (None) those the run measured, as today's
+    ``validate.py`` predicts with them; ``{}`` none;
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
     the seconds its stage was measured to take in place, where they were measured (a
     lone cost, its sharing the model's: :class:`pipesim.cluster.InPlaceCost`); ``idle``
@@ -488,6 +490,8 @@ def saved_grid(folder: Path, tag: str = "cpu",
                   or summary.get(f"{IN_PLACE_KEYS['checkpoint_extras']}_in_place", {}))
     if gaps is None:
         gaps = summary.get(IN_PLACE_KEYS["executor_gaps"], {})
+    if slowdowns is None:  # (the layout's own contention: predicted with since 2026-11-30)
+        slowdowns = summary.get(IN_PLACE_KEYS["slowdowns"], {})
     # (run-on costs: an ablation, never the run's prediction; see validate.py --run-on)
     run_on = run_on or {}
 

@@ -83,8 +83,11 @@ class Device:
 class SpanSlowdown:
     """A span of layers ``[first, stop)`` at ``micro_batch`` samples runs ``slowdown`` (>= 1)
     times as long beside the other ranks of its host as alone, measured in place: every
-    rank running its own stage's forward+backward at once, in the run's process layout
-    (:func:`executor.in_place.stage_contention`)."""
+    rank running its own stage's forward+backward at once, in the run's process layout,
+    no message between them (:func:`executor.in_place.stage_contention`).  What the
+    neighbours' compute costs *this* layout -- their memory traffic through the caches the
+    ranks share -- beside what :attr:`Cluster.host_contention` holds: a generic workload's
+    cost of a neighbour that computes and exchanges messages."""
 
     first: int
     stop: int
@@ -292,9 +295,13 @@ class Cluster:
     landing_s: float = 0.0
     landing_byte_s: float = 0.0
     #: the host contention measured in place for one model's stages (see
-    #: :class:`SpanSlowdown`): where an action's span has one, the action runs at
-    #: ``1 / slowdown`` of its speed while another rank of its host computes, instead of
-    #: what ``host_contention`` says; spans without one keep ``host_contention``
+    #: :class:`SpanSlowdown`): where an action's span has one, the action runs that many
+    #: times slower still, on top of ``host_contention``'s law, while another rank of its
+    #: host computes; spans without one have ``host_contention``'s law alone.  On this
+    #: project's 2-core VM a stage beside a neighbour streaming memory ran 1.20x, beside
+    #: one spinning on registers 0.98x (``experiments/neighbour_standin.py``'s notes):
+    #: the layouts differ by their memory traffic (MLP [4,4]'s first stage 1.13-1.23,
+    #: GPT's stages 1.00-1.08), which the calibration's small workload does not show
     host_slowdowns: tuple[SpanSlowdown, ...] = ()
     #: what an action costs more after its worker idled (:class:`IdleCost`, measured in
     #: place per span, kind, size, checkpoint mode and idle): a forward or backward that

@@ -246,9 +246,9 @@ class _Run:
                         if sim.device_law is None}
         self.streams = ({r: ProcessorSharing(self.env, sim.device_law) for r in sim.shared_resources}
                         if sim.device_law is not None else {})
-        # (measured slowdowns replace the contention law's: each step carries its own)
-        contention = 0.0 if sim.cluster.host_slowdowns else sim.cluster.host_contention
-        self.hosts = {h: ProcessorSharing(self.env, host_law(contention, sim.cluster.host_cores))
+        # (a measured slowdown, Step.host_slowdown, runs on top of the contention law)
+        self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention,
+                                                             sim.cluster.host_cores))
                       for h in sim.shared_hosts}
         self.interpreters = {p: ProcessorSharing(self.env, interpreter_law)
                              for p in sim.shared_processes}

@@ -90,6 +90,14 @@ def _priced_in_order(plan: Plan, cluster: Cluster) -> bool:
              == (first, stop, mode, "F")), None))
 
 
+def _priced_beside_others(plan: Plan, cluster: Cluster) -> bool:
+    """Whether every stage of ``plan`` has its slowdown beside the other ranks measured in
+    place (:attr:`pipesim.cluster.Cluster.host_slowdowns`): a plan without runs at the host
+    law alone, which reads it cheaper."""
+    return _measured_for_every_stage(
+        plan, lambda first, stop, size, _mode: cluster.host_slowdown(first, stop, size))
+
+
 def _warn_of_two_rulers(table: pd.DataFrame, column: str, what: str) -> None:
     """Warn where some candidates, not all, are priced by measurements in place
     (``table[column]`` true) and the others by the profile alone."""
@@ -253,7 +261,9 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                                  **({"idle_costs": _priced_after_waits(plan, cluster)}
                                     if cluster.idle_costs else {}),
                                  **({"run_on_costs": _priced_in_order(plan, cluster)}
-                                    if cluster.run_on_costs else {})})
+                                    if cluster.run_on_costs else {}),
+                                 **({"host_slowdowns": _priced_beside_others(plan, cluster)}
+                                    if cluster.host_slowdowns else {})})
     bar.close()
     table = pd.DataFrame(rows)
     _warn_of_two_rulers(table, "in_place",
@@ -262,6 +272,9 @@ def tune(profile: Profile, n_devices: int, batch_size: int, memory_budget: float
                         "idle_costs; `pipesim calibrate --idle-costs PROFILE --balance tuned`)")
     _warn_of_two_rulers(table, "run_on_costs", "every stage's run-on costs measured "
                         "(cluster.run_on_costs)")
+    _warn_of_two_rulers(table, "host_slowdowns", "every stage's slowdown beside the others "
+                        "measured (cluster.host_slowdowns; `pipesim calibrate --idle-costs "
+                        "PROFILE --balance tuned`)")
     fitting = _ranked(table[table["fits"]], tie)
     if fitting.empty:
         smallest = table.sort_values("peak_bytes").iloc[0]

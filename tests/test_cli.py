@@ -262,6 +262,12 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     assert cluster.executor_gap_base_s > 0
     assert sorted((x.first, x.micro_batch, x.checkpointed) for x in cluster.executor_gaps) == [
         (f, b, c) for f in (0, 1) for b in (2, 4) for c in (False, True)]
+    # and how much each stage slows beside the other computing, per size (on top of the
+    # host contention: pipesim.cluster.SpanSlowdown)
+    assert "stage 1 beside the others computing" in text
+    assert sorted((x.first, x.stop, x.micro_batch) for x in cluster.host_slowdowns) == [
+        (0, 1, 2), (0, 1, 4), (1, 4, 2), (1, 4, 4)]
+    assert all(x.slowdown >= 1.0 for x in cluster.host_slowdowns)
     assert main(["simulate", str(prof), "--balance", "1,3", "--chunks", "2", "--batch-size", "4",
                  "--cluster", str(out), "--out", str(tmp_path / "sim")]) == 0
 

@@ -142,8 +142,15 @@ def _run_on_costs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, pe
                                   for kind, scale in (("F", 0.8), ("B", 0.9)))}
 
 
+def _host_slowdowns(spans):  # each span 1.2x slower beside the other rank computing
+    from pipesim.cluster import SpanSlowdown
+
+    return {"host_slowdowns": tuple(SpanSlowdown(first, stop, 4, 1.2) for first, stop in spans)}
+
+
 @pytest.mark.parametrize("measured, what", [(_idle_costs, "idle costs"),
-                                            (_run_on_costs, "run-on costs")])
+                                            (_run_on_costs, "run-on costs"),
+                                            (_host_slowdowns, "slowdown beside the others")])
 def test_tuning_with_some_balances_measured_so_warns_of_two_rulers(measured, what):
     # the readings of [2,2] measured (calibrate one balance), not the neighbours': they
     # re-price [2,2] alone
