@@ -564,8 +564,9 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     checkpointing adds to each stage's backward (:func:`executor.in_place.
     checkpoint_extras`), its own executor seconds between actions
     (:class:`pipesim.cluster.ExecutorGap`) and how much its stages slow each other
-    computing at once (:func:`executor.in_place.stage_contention`: on top of the host
-    contention; over 45 grids of this project's VM, 2.00% / 14.1% -> 1.96% / 6.0% pooled)."""
+    computing at once (:func:`executor.in_place.stage_contention`: an action pays the
+    larger of it and the host contention; over 45 grids of this project's VM, 2.00% /
+    14.1% -> 1.95% / 9.8% pooled)."""
     from executor.calibrate import calibrate_cpu, calibration_executor_gap, overheads_text
     from executor.in_place import (
         IDLE_SIZES,
@@ -616,7 +617,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
                   f"stage {firsts.index(x.first)} {x.micro_batch} samples "
                   f"{x.seconds * 1e3:.3f} ms" for x in own if not x.checkpointed))
         # and how much the stages slow each other computing at once (their memory
-        # traffic), on top of the host contention
+        # traffic): an action pays the larger of it and the host contention
         slow = stage_contention(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
         _print_slowdowns(slow, balance)
         waits += _unmeasured(rows, waits)

@@ -34,12 +34,13 @@ The grid's own overlapping actions ran at 0.93-1.06 of their profile, and *in pl
 the generic figure it predicted worse (``experiments/README.md``, "Largest remaining
 errors"): the generic figure holds what a neighbour that computes and exchanges messages
 costs, which this measurement (no message) does not.  What this one holds and the generic
-one does not is the neighbour's memory traffic: MLP [4,4]'s first stage ran 1.20x beside a
-neighbour streaming 8 MiB, 0.98x beside one spinning on registers, 1.23x beside the real
-second stage (2026-11-30, session 52).  So since then the simulator runs each action at
-the host law *and* its span's slowdown (:attr:`pipesim.cluster.Cluster.host_slowdowns`),
-and ``experiments/validate.py`` predicts with both (its ablation ``no_in_place_contention``
-without this one).
+one does not is the neighbour's memory traffic: MLP [4,4]'s first stage ran 1.13-1.20x
+beside a neighbour streaming 8 MiB, 0.98-1.06x beside one spinning on registers, 1.23x
+beside the real second stage (2026-11-30, ``experiments/neighbour_standin.py
+--continuous 4``).  Each reading is a floor of what a computing, exchanging neighbour
+costs the layout, so since then the simulator slows each action by the larger of the
+two (:attr:`pipesim.cluster.Cluster.host_slowdowns`), and ``experiments/validate.py``
+predicts so (its ablation ``no_in_place_contention``: the host law alone).
 """
 
 from __future__ import annotations

@@ -5,7 +5,8 @@
    measure in place what a wait costs each balance's actions (``executor.in_place.idle_costs``,
    ``--no-idle-costs`` to skip; the ablation ``no_idle_costs`` predicts without) and how
    much its stages slow each other computing at once (``executor.in_place.stage_contention``,
-   on top of the host law; the ablation ``no_in_place_contention`` predicts without);
+   the larger of it and the host law binding; the ablation ``no_in_place_contention``
+   predicts with the law alone);
 3. run a grid (balanced and skewed balance, chunks 1..16, three checkpoint modes, GPipe
    and 1F1B) through ``executor.distributed`` (2 processes x 1 thread, each on its own
    core unless ``--no-pin``; the calibration's processes alike) and simulate it;
@@ -280,9 +281,9 @@ def main() -> None:
             plans = paired(plans)
         print(f"{name}: {len(plans)} plans", flush=True)
         clock.mark(f"{name}: own contention, grid")
-        # the layout's own contention (the prediction's, on top of the host law): each
-        # balance's stages computing alone and together in the run's layout, per
-        # micro-batch size (executor.in_place.stage_contention)
+        # the layout's own contention (the prediction's, the larger of it and the host
+        # law binding): each balance's stages computing alone and together in the run's
+        # layout, per micro-batch size (executor.in_place.stage_contention)
         balances = sorted({tuple(p.balance) for p in plans})
         sizes_of_plans = sorted({b for p in plans for b in p.micro_batch_sizes})
         spans = [] if args.lean else [
@@ -398,8 +399,9 @@ def main() -> None:
         in_action.append(again["in_action_s"])
         clock.mark(f"{name}: readings after the grid")
         keep_readings()
-        # (the layout's own contention measured in place runs on top of the host law:
-        # pipesim.cluster.SpanSlowdown; the ablation no_in_place_contention leaves it out)
+        # (the layout's own contention measured in place, the larger of it and the host
+        # law binding: pipesim.cluster.SpanSlowdown; the ablation no_in_place_contention
+        # leaves it out)
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),
             idle_costs=tuple(waits), checkpoint_extras=tuple(extras),

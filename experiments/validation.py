@@ -386,7 +386,8 @@ def predict_saved(folder: Path, tag: str = "cpu",
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
     the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
     their dicts) give a model's cluster host slowdowns measured in place
-    (:func:`executor.in_place.stage_contention`, on top of the host law; see
+    (:func:`executor.in_place.stage_contention`, the larger of it and the host law
+    binding; see
     :func:`in_place_readings`): by default (None) those the run measured, as today's
     ``validate.py`` predicts with them; ``{}`` none;
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action

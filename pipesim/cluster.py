@@ -295,9 +295,10 @@ class Cluster:
     landing_s: float = 0.0
     landing_byte_s: float = 0.0
     #: the host contention measured in place for one model's stages (see
-    #: :class:`SpanSlowdown`): where an action's span has one, the action runs that many
-    #: times slower still, on top of ``host_contention``'s law, while another rank of its
-    #: host computes; spans without one have ``host_contention``'s law alone.  On this
+    #: :class:`SpanSlowdown`): where an action's span has one, the action runs at the
+    #: larger of that slowdown and ``host_contention``'s law while another rank of its
+    #: host computes (the law's share of a reading taken with every other rank busy);
+    #: spans without one have the law alone.  On this
     #: project's 2-core VM a stage beside a neighbour streaming memory ran 1.20x, beside
     #: one spinning on registers 0.98x (``experiments/neighbour_standin.py``'s notes):
     #: the layouts differ by their memory traffic (MLP [4,4]'s first stage 1.13-1.23,

@@ -246,7 +246,7 @@ class _Run:
                         if sim.device_law is None}
         self.streams = ({r: ProcessorSharing(self.env, sim.device_law) for r in sim.shared_resources}
                         if sim.device_law is not None else {})
-        # (a measured slowdown, Step.host_slowdown, runs on top of the contention law)
+        # (a measured slowdown beyond the law's, Step.host_slowdown, slows a step further)
         self.hosts = {h: ProcessorSharing(self.env, host_law(sim.cluster.host_contention,
                                                              sim.cluster.host_cores))
                       for h in sim.shared_hosts}

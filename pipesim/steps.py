@@ -63,10 +63,10 @@ class Step(NamedTuple):
     #: of ``engine_s`` less the recomputation's, those it also holds the process's
     #: interpreter (a checkpointed backward's unpack hooks are Python)
     engine_hooks_s: float = 0.0
-    #: how many times slower still it runs while another rank of its host computes, on
-    #: top of the host law, where the cluster measured its span in place
-    #: (:attr:`pipesim.cluster.Cluster.host_slowdowns`; 1: the host law alone, or a
-    #: measured duration)
+    #: how many times slower than the host law makes it it runs while another rank of its
+    #: host computes, where the cluster measured its span in place and the reading exceeds
+    #: the law's (:meth:`StepBuilder.host_slowdown`; 1: the host law alone, or a measured
+    #: duration)
     host_slowdown: float = 1.0
     #: what it costs more (less: negative) than ``seconds`` after its worker idled:
     #: ``((idle seconds, extra seconds), ...)`` from idle 0 on, read linearly at the idle
@@ -183,7 +183,7 @@ class StepBuilder:
         overhead = self.cluster.compute_overhead_s
         device = self.resource_of[w]
         # (a measured duration has its contention in it already)
-        slow = 1.0 if measured is not None else self.host_slowdown(s, mb)
+        slow = 1.0 if measured is not None else self.host_slowdown(w, s, mb)
         # (a pause, not a duration: a measured duration leaves it to be simulated)
         layers = self.plan.stage_layers(s)
         gap = self.cluster.executor_gap(layers.start, layers.stop,
@@ -344,14 +344,23 @@ class StepBuilder:
         return self.cluster.idle_cost(layers.start, layers.stop, self.plan.micro_batch_sizes[mb],
                                       self.plan.checkpointed(mb), kind)
 
-    def host_slowdown(self, stage: int, mb: int) -> float:
-        """How many times slower ``stage``'s action at micro-batch ``mb``'s size runs beside
-        the other ranks of its host, on top of the host law (:attr:`Step.host_slowdown`):
-        the layout's own slowdown measured in place, 1 where its span was not measured."""
+    def host_slowdown(self, w: int, stage: int, mb: int) -> float:
+        """How many times slower than the host law makes it worker ``w``'s ``stage`` action
+        at micro-batch ``mb``'s size runs beside the other ranks of its host
+        (:attr:`Step.host_slowdown`): where its span's slowdown was measured in place, what
+        of it the law does not charge with every other rank of the host busy (as it was
+        measured), so that the action pays the larger of the two; 1 elsewhere.  Each is a
+        floor of what a neighbour that computes and exchanges messages costs the layout --
+        the law's generic workload has not its memory traffic, the in-place reading not
+        its messages (:attr:`pipesim.cluster.Cluster.host_slowdowns`)."""
         layers = self.plan.stage_layers(stage)
         measured = self.cluster.host_slowdown(layers.start, layers.stop,
                                               self.plan.micro_batch_sizes[mb])
-        return 1.0 if measured is None else measured
+        if measured is None:
+            return 1.0
+        host = self.cluster.devices[w].host
+        ranks = {self.resource_of[i] for i, d in enumerate(self.cluster.devices) if d.host == host}
+        return max(1.0, measured / (1.0 + self.cluster.host_contention * (len(ranks) - 1)))
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""
