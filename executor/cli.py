@@ -687,22 +687,25 @@ def _print_idle_costs(rows: Sequence[IdleCost], balance: list[int]) -> None:
               f"seconds more after an idle of {extra} ms")
 
 
+def _print_per_size(rows: Sequence[Spanned], balance: list[int], what: str,
+                    value: Callable[[Spanned], str]) -> None:
+    """One line per stage of ``balance``: ``what``, then each size's ``value(row)``."""
+    firsts = stage_firsts(balance)
+    for (first, _), part in sorted(_grouped(rows, lambda r: (r.first, r.stop)).items()):
+        print(f"  stage {firsts.index(first)} {what}: " + "  ".join(
+            f"{x.micro_batch} samples {value(x)}" for x in sorted(part, key=lambda x: x.micro_batch)))
+
+
 def _print_slowdowns(slowdowns: Sequence[SpanSlowdown], balance: list[int]) -> None:
     """Each stage's slowdown beside the other ranks computing, per size."""
-    firsts = stage_firsts(balance)
-    for (first, _), part in sorted(_grouped(slowdowns, lambda r: (r.first, r.stop)).items()):
-        print(f"  stage {firsts.index(first)} beside the others computing: "
-              + "  ".join(f"{x.micro_batch} samples x{x.slowdown:.2f}"
-                          for x in sorted(part, key=lambda x: x.micro_batch)))
+    _print_per_size(slowdowns, balance, "beside the others computing",
+                    lambda x: f"x{x.slowdown:.2f}")
 
 
 def _print_checkpoint_extras(extras: Sequence[CheckpointExtra], balance: list[int]) -> None:
     """What checkpointing adds to each stage's backward, per size."""
-    firsts = stage_firsts(balance)
-    for (first, _), part in sorted(_grouped(extras, lambda r: (r.first, r.stop)).items()):
-        print(f"  stage {firsts.index(first)} B checkpointed, seconds more than plain: "
-              + "  ".join(f"{x.micro_batch} samples {x.seconds * 1e3:+.2f} ms"
-                          for x in sorted(part, key=lambda x: x.micro_batch)))
+    _print_per_size(extras, balance, "B checkpointed, seconds more than plain",
+                    lambda x: f"{x.seconds * 1e3:+.2f} ms")
 
 
 def _grouped(rows, key) -> dict:
