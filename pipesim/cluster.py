@@ -298,11 +298,11 @@ class Cluster:
     #: :class:`SpanSlowdown`): where an action's span has one, the action runs at the
     #: larger of that slowdown and ``host_contention``'s law while another rank of its
     #: host computes (the law's share of a reading taken with every other rank busy);
-    #: spans without one have the law alone.  On this
-    #: project's 2-core VM a stage beside a neighbour streaming memory ran 1.20x, beside
-    #: one spinning on registers 0.98x (``experiments/neighbour_standin.py``'s notes):
-    #: the layouts differ by their memory traffic (MLP [4,4]'s first stage 1.13-1.23,
-    #: GPT's stages 1.00-1.08), which the calibration's small workload does not show
+    #: spans without one have the law alone.  On this project's 2-core VM a stage beside a
+    #: neighbour streaming memory ran 1.13-1.20x, beside one spinning on registers
+    #: 0.98-1.06x (``experiments/neighbour_standin.py --continuous 4``): the layouts differ
+    #: by their memory traffic (MLP [4,4]'s first stage 1.13-1.23, GPT's stages
+    #: 1.00-1.08), which the calibration's small workload does not have
     host_slowdowns: tuple[SpanSlowdown, ...] = ()
     #: what an action costs more after its worker idled (:class:`IdleCost`, measured in
     #: place per span, kind, size, checkpoint mode and idle): a forward or backward that

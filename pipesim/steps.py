@@ -63,10 +63,10 @@ class Step(NamedTuple):
     #: of ``engine_s`` less the recomputation's, those it also holds the process's
     #: interpreter (a checkpointed backward's unpack hooks are Python)
     engine_hooks_s: float = 0.0
-    #: how many times slower than the host law makes it it runs while another rank of its
-    #: host computes, where the cluster measured its span in place and the reading exceeds
-    #: the law's (:meth:`StepBuilder.host_slowdown`; 1: the host law alone, or a measured
-    #: duration)
+    #: how many times slower it runs, while another rank of its host computes, than the
+    #: host law alone makes it: where the cluster measured its span in place and the
+    #: reading exceeds the law's (:meth:`StepBuilder.host_slowdown`; 1: the host law
+    #: alone, or a measured duration)
     host_slowdown: float = 1.0
     #: what it costs more (less: negative) than ``seconds`` after its worker idled:
     #: ``((idle seconds, extra seconds), ...)`` from idle 0 on, read linearly at the idle
@@ -345,14 +345,16 @@ class StepBuilder:
                                       self.plan.checkpointed(mb), kind)
 
     def host_slowdown(self, w: int, stage: int, mb: int) -> float:
-        """How many times slower than the host law makes it worker ``w``'s ``stage`` action
-        at micro-batch ``mb``'s size runs beside the other ranks of its host
-        (:attr:`Step.host_slowdown`): where its span's slowdown was measured in place, what
-        of it the law does not charge with every other rank of the host busy (as it was
-        measured), so that the action pays the larger of the two; 1 elsewhere.  Each is a
-        floor of what a neighbour that computes and exchanges messages costs the layout --
-        the law's generic workload has not its memory traffic, the in-place reading not
-        its messages (:attr:`pipesim.cluster.Cluster.host_slowdowns`)."""
+        """How many times slower worker ``w``'s ``stage`` action at micro-batch ``mb``'s
+        size runs beside the other ranks of its host than the host law alone makes it
+        (:attr:`Step.host_slowdown`): where its span's slowdown was measured in place, the
+        part of it the law does not charge with every other rank of the host busy (as it
+        was measured), so that the action pays the larger of the two; 1 elsewhere.  Each
+        is a floor of what a neighbour that computes and exchanges messages costs the
+        layout -- the law's generic workload has not its memory traffic, the in-place
+        reading not its messages (:attr:`pipesim.cluster.Cluster.host_slowdowns`).  With
+        fewer ranks busy than measured the action pays the law's share of the moment
+        times this, a little under its reading."""
         layers = self.plan.stage_layers(stage)
         measured = self.cluster.host_slowdown(layers.start, layers.stop,
                                               self.plan.micro_batch_sizes[mb])
