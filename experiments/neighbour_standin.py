@@ -152,8 +152,8 @@ def standin_job(model: str, balance: tuple[int, ...], mode: str, fwd_s: float, b
 def _last_stage_seconds(actions: pd.DataFrame) -> tuple[float, float]:
     """The last stage's median forward and backward seconds in a run (its warm-up left out)."""
     last = actions[(actions.stage == actions.stage.max()) & (actions.iteration > 0)]
-    return tuple(float((g.end - g.start).median()) for _, g in  # type: ignore[return-value]
-                 (("F", last[last.kind == "F"]), ("B", last[last.kind == "B"])))
+    seconds = last.end - last.start
+    return float(seconds[last.kind == "F"].median()), float(seconds[last.kind == "B"].median())
 
 
 def rounds_table(model: str, balance: tuple[int, ...], chunks: int, schedules: list[str],
@@ -198,15 +198,15 @@ def rounds_table(model: str, balance: tuple[int, ...], chunks: int, schedules: l
     return pd.concat(rows, ignore_index=True)
 
 
-def _continuous(core: int, role: str, model: str, balance: tuple[int, ...], size: int,
-                seconds: float, stream_mib: float, start: Any, out: Any) -> None:
-    """One process of :func:`continuous_rounds` on ``core``: ``"measure"`` times the
-    first stage's forward+backward on ``size`` samples over and over for ``seconds``
-    (puts the median step), any other ``role`` keeps its core as :data:`VARIANTS` says
-    (``"real"``: the last stage's forward+backward) for as long."""
-    import os
-
-    os.sched_setaffinity(0, {core})
+def _continuous(rank: int, roles: tuple[str, str], model: str, balance: tuple[int, ...],
+                size: int, seconds: float, stream_mib: float, start: Any, out: Any) -> None:
+    """Rank ``rank`` of :func:`continuous_rounds` (a process of
+    :func:`executor.calibrate._gather`, pinned to its own core), as ``roles[rank]`` says:
+    ``"measure"`` times the first stage's forward+backward on ``size`` samples over and
+    over for ``seconds`` (puts the median step), any other keeps its core as
+    :data:`VARIANTS` says (``"real"``: the last stage's forward+backward), or ``"idle"``
+    asleep, for as long."""
+    role = roles[rank]
     torch.set_num_threads(1)
     from executor.partition import split_module
 
@@ -214,7 +214,7 @@ def _continuous(core: int, role: str, model: str, balance: tuple[int, ...], size
     stages = split_module(module, list(balance))
     first, last = stages[0], stages[-1]
     width = first(x[:1]).shape[1]
-    buffer = torch.zeros(int(stream_mib * 2**20) // 4)
+    buffer = torch.zeros(int(stream_mib * 2**20) // 4) if role == "stream" else None
 
     def step() -> None:
         out_ = first(x[:size])
@@ -252,18 +252,13 @@ def continuous_rounds(model: str, balance: tuple[int, ...], size: int, rounds: i
     with the median step over the idle one's (``ratio``)."""
     import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")
+    from executor.calibrate import _gather
 
     def median_step(neighbour: str) -> float:
-        out, start = ctx.Queue(), ctx.Barrier(2)
-        procs = [ctx.Process(target=_continuous, args=(core, role, model, balance, size,
-                                                       seconds, stream_mib, start, out))
-                 for core, role in ((0, "measure"), (1, neighbour))]
-        for p in procs:
-            p.start()
-        got = dict(out.get() for _ in procs)
-        for p in procs:
-            p.join()
+        start = multiprocessing.get_context("spawn").Barrier(2)
+        got = dict(_gather(_continuous, 2, (("measure", neighbour), model, balance, size,
+                                            seconds, stream_mib, start),
+                           expected=2, pin_cores=True))
         return float(got["measure"])
 
     rows = []
