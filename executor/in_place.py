@@ -13,12 +13,17 @@ traffic, kernel sizes -- so :func:`stage_contention` measures it on the stages t
 * rounds of phases, each ``phase_s`` seconds of steps: every rank alone in turn (the
   others wait at a barrier), then all of them at once::
 
-      rank 0   |alone: s s s s|              |together: s s s s|
-      rank 1   |              |alone: S  S  S|together: S   S  S|
+      rank 0   |alone: w s s s|              |together: w s s s s x|
+      rank 1   |              |alone: w S  S|together: w  S    S  |
                ^barrier       ^barrier       ^barrier  (then the next size; rounds repeat)
 
   alone and together within a second of each other, so a shared machine's slow spells
-  weigh on both alike;
+  weigh on both alike.  Each phase opens with an untimed step ``w``: a rank that waited
+  at the barrier runs its next step cold (what a wait costs is the idle costs' to
+  measure), and untimed the order of the phases would read as contention.  Together, a
+  step counts only if it ended while every rank was still stepping (``x``, after the
+  phase ended, does not), and the phase lasts until every rank has counted one: a stage
+  whose step is longer than the others' has them beside it all through;
 * per stage and micro-batch size: ``slowdown = mean(together) / mean(alone)`` (at
   least 1), as :class:`pipesim.cluster.SpanSlowdown` rows for the simulator.
 
@@ -205,12 +210,18 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     return step
 
 
-def _in_place_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
-                   sizes: Sequence[int], rounds: int, phase_s: float, threads: int,
-                   out) -> None:
+def _in_place_loop(rank: int, barrier, stopped, counts, job: Callable,
+                   balance: Sequence[int], sizes: Sequence[int], rounds: int, phase_s: float,
+                   threads: int, out) -> None:
     """Rank ``rank``'s side of :func:`stage_contention`: puts ``(rank, {size: (alone
-    seconds, together seconds)})``, the means of its steps (a pipeline's iteration adds
-    up its actions, slow ones included: their mean is what it pays)."""
+    seconds, together seconds)})``, the means of its timed steps (a pipeline's iteration
+    adds up its actions, slow ones included: their mean is what it pays).  Each phase
+    opens with an untimed step; ``stopped`` (shared) holds the number of the last
+    together phase to have ended, ``counts`` each rank's counted steps in this one (the
+    module doc's protocol).  Before the untimed step (2026-11-30), the first rank's
+    together phase followed a wait and the last rank's alone phase did: the first stage
+    read up to 1.16 where its neighbour read 1.00 (MLP [4,4]'s last stage 1.00-1.12,
+    1.11-1.30 since; ``experiments/README.md``, session 53)."""
     torch.set_num_threads(threads)
     retain_freed_memory()  # the pipelines' allocator policy
     world = len(balance)
@@ -220,21 +231,35 @@ def _in_place_loop(rank: int, barrier, job: Callable, balance: Sequence[int],
             step()
     alone: dict[int, list[float]] = {b: [] for b in sizes}
     together: dict[int, list[float]] = {b: [] for b in sizes}
+    number = 0  # together phases so far
     for _ in range(rounds):
         for b in sizes:
             for phase in range(world + 1):  # phase r < world: rank r alone; world: all
+                if phase == world:
+                    number += 1
+                    counts[rank] = 0  # (before the barrier: every rank's is 0 past it)
                 barrier.wait()
                 if phase not in (rank, world):
                     continue
-                times = together[b] if phase == world else alone[b]
+                steps[b]()  # untimed: the first step after a wait runs cold
                 end = time.perf_counter() + phase_s
-                while True:  # at least one step, then until the phase's time is up
+                while True:
                     t0 = time.perf_counter()
                     steps[b]()
                     t1 = time.perf_counter()
-                    times.append(t1 - t0)
-                    if t1 >= end:
-                        break
+                    if phase < world:  # alone: at least one step, then until time is up
+                        alone[b].append(t1 - t0)
+                        if t1 >= end:
+                            break
+                        continue
+                    with stopped.get_lock():
+                        if stopped.value == number:  # a rank had left: partly alone
+                            break
+                        together[b].append(t1 - t0)
+                        counts[rank] += 1
+                        if t1 >= end and min(counts[:]) >= 1:
+                            stopped.value = number
+                            break
     out.put((rank, {b: (statistics.fmean(alone[b]), statistics.fmean(together[b]))
                     for b in sizes}))
 
@@ -271,9 +296,11 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
     """
     _check_layout("contention", job, balance, sizes, rounds, phase_s)
     world = len(balance)
-    barrier = mp.get_context("spawn").Barrier(world)
+    ctx = mp.get_context("spawn")
+    barrier, stopped, counts = ctx.Barrier(world), ctx.Value("i", 0), ctx.Array("i", world)
     results = dict(_gather(_in_place_loop, world,
-                           (barrier, job, list(balance), list(sizes), rounds, phase_s, threads),
+                           (barrier, stopped, counts, job, list(balance), list(sizes), rounds,
+                            phase_s, threads),
                            expected=world, pin_cores=pin_cores))
     out = []
     first = 0

@@ -652,6 +652,11 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
     assert [(s.first, s.stop, s.micro_batch) for s in spans] == [
         (0, 1, 2), (0, 1, 8), (1, 4, 2), (1, 4, 8)]  # every stage's layers, every size
     assert all(s.slowdown >= 1.0 for s in spans)
+    # three ranks, one stage twice as long: its together phase waits for its step (every
+    # rank counts one at least), and nothing waits forever for a rank that has left
+    spans = stage_contention(job, [1, 1, 2], [2], rounds=2, phase_s=0.002, pin_cores=False)
+    assert [(s.first, s.stop) for s in spans] == [(0, 1), (1, 2), (2, 4)]
+    assert all(s.slowdown >= 1.0 for s in spans)
     with pytest.raises(ValueError, match="at least 2 stages"):
         stage_contention(job, [4], [2])
     with pytest.raises(ValueError, match=r"balance \[2, 3\] sums to 5 layers, the model has 4"):
