@@ -795,11 +795,7 @@ class Simulator:
             layers = plan.stage_layers(s)
             self.engine_priority[self.placement[s]] += self.profile.autograd_nodes(
                 layers.start, layers.stop)
-        hosts = defaultdict(set)
-        for w in workers:
-            if self.cluster.devices[w].host:
-                hosts[self.cluster.devices[w].host].add(self.resource_of[w])
-        self.shared_hosts = ([h for h, devs in hosts.items() if len(devs) > 1]
+        self.shared_hosts = ([h for h, ranks in self.steps.host_ranks.items() if len(ranks) > 1]
                              if self.cluster.host_contention or self.cluster.host_cores
                              or self.cluster.host_slowdowns else [])
         factor = 1 + plan.optimizer_state_factor

@@ -171,6 +171,12 @@ class StepBuilder:
                                 ": not modelled yet; use a schedule with a full backward")
         #: (stage, micro-batch) whose backward is split into I and W
         self.split = {(a.stage, a.microbatch) for a in schedule.actions() if a.kind == INPUT_GRAD}
+        #: each host's ranks (physical devices) among the schedule's workers: the ranks
+        #: that share it under the host law
+        self.host_ranks: dict[str, set[str]] = {}
+        for w in range(schedule.n_devices):
+            if cluster.devices[w].host:
+                self.host_ranks.setdefault(cluster.devices[w].host, set()).add(resource_of[w])
         #: events: each stage input and gradient per micro-batch, then each skip's
         self.n_events = 2 * n * plan.n_microbatches + 2 * plan.n_microbatches * len(self.skips)
 
@@ -360,9 +366,8 @@ class StepBuilder:
                                               self.plan.micro_batch_sizes[mb])
         if measured is None:
             return 1.0
-        host = self.cluster.devices[w].host
-        ranks = {self.resource_of[i] for i, d in enumerate(self.cluster.devices) if d.host == host}
-        return max(1.0, measured / (1.0 + self.cluster.host_contention * (len(ranks) - 1)))
+        ranks = len(self.host_ranks.get(self.cluster.devices[w].host, ()))
+        return max(1.0, measured / (1.0 + self.cluster.host_contention * max(ranks - 1, 0)))
 
     def _crosses(self, stage: int, device: str) -> bool:
         """Whether ``stage`` runs on another physical device than ``device``."""
