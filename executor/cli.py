@@ -618,7 +618,8 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
                   f"{x.seconds * 1e3:.3f} ms" for x in own if not x.checkpointed))
         # and how much the stages slow each other computing at once (their memory
         # traffic): an action pays the larger of it and the host contention
-        slow = stage_contention(job, balance, sizes, threads=args.threads, pin_cores=args.pin)
+        slow = stage_contention(job, balance, sizes, repeats=args.contention_repeats,
+                                threads=args.threads, pin_cores=args.pin)
         _print_slowdowns(slow, balance)
         waits += _unmeasured(rows, waits)
         extras += _unmeasured(added, extras)
@@ -759,6 +760,9 @@ def add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-at-once", action="store_true",
                    help="every rank measures its idle costs at the same time (a core per rank "
                    "and more; see executor.in_place.idle_costs)")
+    p.add_argument("--contention-repeats", type=positive_int, default=3,
+                   help="readings of each balance's in-place contention, the median kept "
+                   "(default 3: one reading in a slow spell reads a whole layout high)")
     p.add_argument("--in-place-rounds", type=positive_int, default=5,
                    help="rounds of the --stage-costs measurement (default 5)")
     p.add_argument("--out", default="out/cluster.json", help="cluster JSON path")

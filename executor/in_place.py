@@ -25,7 +25,8 @@ traffic, kernel sizes -- so :func:`stage_contention` measures it on the stages t
   phase ended, does not), and the phase lasts until every rank has counted one: a stage
   whose step is longer than the others' has them beside it all through;
 * per stage and micro-batch size: ``slowdown = mean(together) / mean(alone)`` (at
-  least 1), as :class:`pipesim.cluster.SpanSlowdown` rows for the simulator.
+  least 1), as :class:`pipesim.cluster.SpanSlowdown` rows for the simulator; by default
+  the median of three such readings, each with its own ranks, one after the other.
 
 No plan is run (no schedule, no messages between the ranks): the measurement is of the
 layout -- which layers share the host at which size -- so every schedule, chunk count and
@@ -69,6 +70,7 @@ from pipesim.cluster import (
     IdleCost,
     RunOnCost,
     SpanSlowdown,
+    median_slowdowns,
 )
 from pipesim.plan import Plan
 
@@ -283,34 +285,54 @@ def _check_layout(what: str, job: Callable, balance: Sequence[int], sizes: Seque
 
 
 def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
-                     rounds: int = 20, phase_s: float = 0.02, threads: int = 1,
-                     pin_cores: bool = True) -> list[SpanSlowdown]:
+                     repeats: int = 3, rounds: int = 20, phase_s: float = 0.02,
+                     threads: int = 1, pin_cores: bool = True) -> list[SpanSlowdown]:
     """Each stage's slowdown beside the other ranks, per micro-batch size (see the module
-    doc): one :class:`pipesim.cluster.SpanSlowdown` per stage and size.
+    doc): one :class:`pipesim.cluster.SpanSlowdown` per stage and size, the median of
+    ``repeats`` readings taken one after the other (:func:`stage_contention_readings`,
+    :func:`pipesim.cluster.median_slowdowns`: one reading in a slow spell reads the
+    whole layout high).
 
     ``job`` gives ``(module, loss_fn, inputs, targets)`` with at least ``max(sizes)``
     samples (picklable: a ``functools.partial`` of :func:`executor.models.builtin_job`);
     ``balance`` the layers of each stage, one process each (``threads`` torch threads,
     each on its own cores with ``pin_cores``, as the runs are placed).  Seconds spent:
-    about ``rounds * len(sizes) * (len(balance) + 1) * phase_s`` plus start-up.
+    about ``repeats * (rounds * len(sizes) * (len(balance) + 1) * phase_s + start-up)``.
     """
+    return median_slowdowns(stage_contention_readings(
+        job, balance, sizes, repeats=repeats, rounds=rounds, phase_s=phase_s,
+        threads=threads, pin_cores=pin_cores))
+
+
+def stage_contention_readings(job: Callable, balance: Sequence[int], sizes: Sequence[int],
+                              *, repeats: int = 1, rounds: int = 20, phase_s: float = 0.02,
+                              threads: int = 1,
+                              pin_cores: bool = True) -> list[list[SpanSlowdown]]:
+    """``repeats`` readings of :func:`stage_contention`, each its own set of ranks
+    (spawned afresh), one after the other: each reading's rows, stage by stage and size
+    by size."""
     _check_layout("contention", job, balance, sizes, rounds, phase_s)
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     world = len(balance)
     ctx = mp.get_context("spawn")
-    barrier, stopped, counts = ctx.Barrier(world), ctx.Value("i", 0), ctx.Array("i", world)
-    results = dict(_gather(_in_place_loop, world,
-                           (barrier, stopped, counts, job, list(balance), list(sizes), rounds,
-                            phase_s, threads),
-                           expected=world, pin_cores=pin_cores))
-    out = []
-    first = 0
-    for rank, layers in enumerate(balance):
-        for b in sizes:
-            alone, together = results[rank][b]
-            out.append(SpanSlowdown(first, first + layers, int(b),
-                                    max(together / alone, 1.0) if alone > 0 else 1.0))
-        first += layers
-    return out
+    readings = []
+    for _ in range(repeats):
+        barrier, stopped, counts = ctx.Barrier(world), ctx.Value("i", 0), ctx.Array("i", world)
+        results = dict(_gather(_in_place_loop, world,
+                               (barrier, stopped, counts, job, list(balance), list(sizes),
+                                rounds, phase_s, threads),
+                               expected=world, pin_cores=pin_cores))
+        reading = []
+        first = 0
+        for rank, layers in enumerate(balance):
+            for b in sizes:
+                alone, together = results[rank][b]
+                reading.append(SpanSlowdown(first, first + layers, int(b),
+                                            max(together / alone, 1.0) if alone > 0 else 1.0))
+            first += layers
+        readings.append(reading)
+    return readings
 
 
 def _costs_loop(rank: int, barrier, job: Callable, balance: Sequence[int],

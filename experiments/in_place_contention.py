@@ -2,9 +2,11 @@
 
 Each built-in model's stages, in each balance the committed CPU grid ran
 (``experiments/results/validation_cpu.csv``), at each of its micro-batch sizes: every
-rank computing its own stage alone and beside the other (:func:`executor.in_place.stage_contention`,
-pinned as the runs are).  ``--repeats`` measurements, taken one after the other, say how
-far one reading is from the next on this machine; the file keeps their median, which
+rank computing its own stage alone and beside the other, pinned as the runs are (one
+reading of :func:`executor.in_place.stage_contention_readings` a repeat).  ``--repeats``
+readings, taken one after the other, say how far one reading is from the next on this
+machine; the file keeps their median (:func:`pipesim.cluster.median_slowdowns`, what
+:func:`executor.in_place.stage_contention` returns and ``validate.py`` predicts with), which
 ``grid_history.py --repredict --slowdowns FILE`` applies to the runs pooled there in place
 of each run's own (a what-if: this hour's measurement on other hours' runs)::
 
@@ -29,11 +31,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from executor.in_place import stage_contention
+from executor.in_place import stage_contention_readings
 from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.validate import BATCH, MODELS
-from pipesim.cluster import SpanSlowdown
+from pipesim.cluster import median_slowdowns
 
 
 def layouts(grid: pd.DataFrame, model: str) -> tuple[list[list[int]], list[int]]:
@@ -54,26 +56,28 @@ def main() -> None:
     args = ap.parse_args()
     grid = pd.read_csv(args.grid)
     rows = []
+    slowdowns: dict[str, list[dict]] = {}  # model -> the median rows
     for name in args.models.split(","):
         job = functools.partial(builtin_job, name, BATCH, **MODELS[name])
         balances, sizes = layouts(grid, name)
         for balance in balances:
+            readings = []
             for repeat in range(args.repeats):
                 t0 = time.perf_counter()
-                spans = stage_contention(job, balance, sizes)
+                [spans] = stage_contention_readings(job, balance, sizes)
+                readings.append(spans)
                 rows += [{"model": name, "balance": ",".join(map(str, balance)),
                           "repeat": repeat, **dataclasses.asdict(s)} for s in spans]
                 print(f"{name} {balance} #{repeat} ({time.perf_counter() - t0:.0f} s): "
                       + " ".join(f"[{s.first},{s.stop})@{s.micro_batch} {s.slowdown:.2f}"
                                  for s in spans), flush=True)
+            slowdowns.setdefault(name, []).extend(
+                dataclasses.asdict(s) for s in median_slowdowns(readings))
     table = pd.DataFrame(rows)
     keys = ["model", "first", "stop", "micro_batch"]
-    median = table.groupby(keys).slowdown.median().reset_index()
-    spread = table.groupby(keys).slowdown.agg(lambda v: v.max() - v.min())
-    print(median.assign(spread=spread.values).round(3).to_string(index=False))
-    slowdowns = {str(m): [dataclasses.asdict(SpanSlowdown(int(r.first), int(r.stop),
-                                                           int(r.micro_batch), float(r.slowdown)))
-                          for r in part.itertuples()] for m, part in median.groupby("model")}
+    spread = table.groupby(keys).slowdown.agg(lambda v: v.max() - v.min()).rename("spread")
+    median = pd.DataFrame([{"model": m, **row} for m, part in slowdowns.items() for row in part])
+    print(median.join(spread, on=keys).round(3).to_string(index=False))
     path = write_results("in_place_contention", table,
                          {**machine(), "grid": str(args.grid), "repeats": args.repeats,
                           "slowdowns": slowdowns,

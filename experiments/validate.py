@@ -50,7 +50,7 @@ from executor.in_place import (
     executor_gaps_of,
     idle_costs,
     run_on_costs,
-    stage_contention,
+    stage_contention_readings,
     stage_costs,
 )
 from executor.models import builtin_job
@@ -78,7 +78,14 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import IDLE_KINDS, CheckpointExtra, ExecutorGap, InPlaceCost, in_place_costs_of
+from pipesim.cluster import (
+    IDLE_KINDS,
+    CheckpointExtra,
+    ExecutorGap,
+    InPlaceCost,
+    in_place_costs_of,
+    median_slowdowns,
+)
 from pipesim.costs import with_profile_seconds
 from pipesim.plot import scatter_predicted_measured
 from pipesim.profile import Profile
@@ -166,6 +173,13 @@ def main() -> None:
     ap.add_argument("--idle-at-once", action="store_true",
                     help="measure the idle costs on every rank at the same time (a core per "
                     "rank and more: stages times faster; see executor.in_place.idle_costs)")
+    # (one reading in three reads a whole layout high in a slow spell: the 45 grids of
+    # 2026-11-29/30 re-predicted with single readings 1.74-2.02% median, max 7.0-23.7%,
+    # with medians of three 1.74-2.03%, max 6.8-10.3%; experiments/README.md, session 54)
+    ap.add_argument("--contention-repeats", type=int, default=3, metavar="N",
+                    help="readings of each balance's in-place contention, the prediction's "
+                    "the median (executor.in_place.stage_contention; about 30 s a reading "
+                    "of a model's balances)")
     ap.add_argument("--lean", action="store_true",
                     help="only what the prediction itself needs: no ablation-only readings "
                     "(the model's own, the in-place, the sustained and the old protocol's "
@@ -226,7 +240,8 @@ def main() -> None:
                                                  messages="ring")]
     clock.mark("calibration")
     model_readings: dict[str, float] = {}
-    in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows
+    in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows (the medians)
+    in_place_readings: dict[str, list[list[dict]]] = {}  # model -> each reading's rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
     checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
     run_on_rows: dict[str, list[dict]] = {}  # model -> RunOnCost rows
@@ -283,14 +298,19 @@ def main() -> None:
         clock.mark(f"{name}: own contention, grid")
         # the layout's own contention (the prediction's, the larger of it and the host
         # law binding): each balance's stages computing alone and together in the run's
-        # layout, per micro-batch size (executor.in_place.stage_contention)
+        # layout, per micro-batch size, the median of --contention-repeats readings
+        # (executor.in_place.stage_contention)
         balances = sorted({tuple(p.balance) for p in plans})
         sizes_of_plans = sorted({b for p in plans for b in p.micro_batch_sizes})
-        spans = [] if args.lean else [
-            row for balance in balances
-            for row in stage_contention(job, balance, sizes_of_plans,
-                                        threads=args.threads, pin_cores=args.pin)]
+        readings = [] if args.lean else [
+            stage_contention_readings(job, balance, sizes_of_plans,
+                                      repeats=args.contention_repeats,
+                                      threads=args.threads, pin_cores=args.pin)
+            for balance in balances]
+        spans = [row for of_balance in readings for row in median_slowdowns(of_balance)]
         in_place[name] = [dataclasses.asdict(row) for row in spans]
+        in_place_readings[name] = [[dataclasses.asdict(row) for row in reading]
+                                   for of_balance in readings for reading in of_balance]
         clock.mark(f"{name}: in-place contention")
         # what a wait costs (--idle-costs, the default): each balance's actions after their
         # rank idled, against at its steady pace, in place (executor.in_place.idle_costs;
@@ -513,6 +533,7 @@ def main() -> None:
     summary["host_contention_ring_readings"] = ring
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
+    summary["in_place_slowdown_readings"] = in_place_readings  # each balance's, in turn
     summary["idle_costs"] = idle
     summary["checkpoint_extras"] = checkpoint_rows
     summary["run_on_costs"] = run_on_rows

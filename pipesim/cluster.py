@@ -95,6 +95,29 @@ class SpanSlowdown:
     slowdown: float
 
 
+def median_slowdowns(readings: Sequence[Sequence[SpanSlowdown]]) -> list[SpanSlowdown]:
+    """Each span and size's median slowdown over repeated readings of one layout, in the
+    first reading's order.  A reading taken in one of a shared host's slow spells reads
+    every span of its layout high at once (this project's VM: MLP [4,4] 1.5-1.8 in one
+    repeat of three, 1.1-1.3 in the others), so a median of three drops it where more
+    rounds in one reading would not (``experiments/in_place_contention.py``).
+
+    Raises :class:`pipesim.errors.ClusterError` where the readings do not cover the same
+    spans and sizes (a median would mix layouts)."""
+    if not readings:
+        raise ClusterError("median_slowdowns needs at least one reading")
+    keys = [(s.first, s.stop, s.micro_batch) for s in readings[0]]
+    by_key: dict[tuple[int, int, int], list[float]] = {k: [] for k in keys}
+    for number, reading in enumerate(readings):
+        these = [(s.first, s.stop, s.micro_batch) for s in reading]
+        if sorted(these) != sorted(keys):
+            raise ClusterError(f"reading {number} covers spans and sizes {sorted(these)}, "
+                               f"reading 0 {sorted(keys)}")
+        for s in reading:
+            by_key[(s.first, s.stop, s.micro_batch)].append(s.slowdown)
+    return [SpanSlowdown(*k, float(np.median(by_key[k]))) for k in keys]
+
+
 @dataclass(frozen=True)
 class IdleCost:
     """What a forward or backward (``kind``, ``"F"`` or ``"B"``) of layers ``[first,

@@ -237,7 +237,8 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
                  "--out", str(prof)]) == 0
     out = tmp_path / "cluster.json"
     assert main(["calibrate", *small, "--idle-costs", str(prof), "--balance", "1,3",
-                 "--batch-size", "4", "--idle-rounds", "1", "--out", str(out)]) == 0
+                 "--batch-size", "4", "--idle-rounds", "1", "--contention-repeats", "1",
+                 "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert "stage 0 B" in text and "plans of balance [1, 3] pay them" in text
     cluster = Cluster.load(out)

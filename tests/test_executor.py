@@ -645,16 +645,20 @@ def test_thread_overhead_is_the_median_of_its_readings():
 
 
 def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
-    from executor.in_place import stage_contention
+    from executor.in_place import stage_contention, stage_contention_readings
 
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
-    spans = stage_contention(job, [1, 3], [2, 8], rounds=2, phase_s=0.005, pin_cores=False)
-    assert [(s.first, s.stop, s.micro_batch) for s in spans] == [
-        (0, 1, 2), (0, 1, 8), (1, 4, 2), (1, 4, 8)]  # every stage's layers, every size
-    assert all(s.slowdown >= 1.0 for s in spans)
+    readings = stage_contention_readings(job, [1, 3], [2, 8], repeats=2, rounds=2,
+                                         phase_s=0.005, pin_cores=False)
+    assert len(readings) == 2  # each repeat its own reading, with its own ranks
+    for spans in readings:
+        assert [(s.first, s.stop, s.micro_batch) for s in spans] == [
+            (0, 1, 2), (0, 1, 8), (1, 4, 2), (1, 4, 8)]  # every stage's layers, every size
+        assert all(s.slowdown >= 1.0 for s in spans)
     # three ranks, one stage twice as long: its together phase waits for its step (every
     # rank counts one at least), and nothing waits forever for a rank that has left
-    spans = stage_contention(job, [1, 1, 2], [2], rounds=2, phase_s=0.002, pin_cores=False)
+    spans = stage_contention(job, [1, 1, 2], [2], repeats=1, rounds=2, phase_s=0.002,
+                             pin_cores=False)
     assert [(s.first, s.stop) for s in spans] == [(0, 1), (1, 2), (2, 4)]
     assert all(s.slowdown >= 1.0 for s in spans)
     with pytest.raises(ValueError, match="at least 2 stages"):
@@ -663,6 +667,8 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
         stage_contention(job, [2, 3], [2])
     with pytest.raises(ValueError, match="micro-batch size 16 exceeds the job's batch of 8"):
         stage_contention(job, [2, 2], [16])
+    with pytest.raises(ValueError, match="repeats must be >= 1, got 0"):
+        stage_contention(job, [2, 2], [2], repeats=0)
 
 
 @pytest.mark.filterwarnings("ignore:profile.*noisy")  # (one repeat: its noise is no matter)

@@ -508,6 +508,28 @@ def test_host_slowdowns_interpolate_in_log_size_are_validated_and_round_trip(tmp
         Cluster([Device("a")], host_slowdowns=(SpanSlowdown(0, 3, 2, 0.9),))
 
 
+def test_repeated_in_place_readings_keep_each_spans_median_and_refuse_mixed_layouts():
+    from pipesim.cluster import SpanSlowdown, median_slowdowns
+    from pipesim.errors import ClusterError
+
+    def reading(a: float, b: float) -> list[SpanSlowdown]:
+        return [SpanSlowdown(0, 4, 2, a), SpanSlowdown(4, 8, 2, b)]
+
+    # one reading in a slow spell reads the whole layout high: the median drops it
+    spell = [reading(1.1, 1.2), reading(1.6, 1.7), reading(1.15, 1.1)]
+    assert median_slowdowns(spell) == reading(1.15, 1.2)
+    assert median_slowdowns(spell[:1]) == spell[0]  # one reading: itself
+    # rows in another order are the same spans
+    two = median_slowdowns([reading(1.0, 1.3), reading(1.2, 1.1)[::-1]])
+    assert [(s.first, s.stop, s.micro_batch) for s in two] == [(0, 4, 2), (4, 8, 2)]
+    assert [s.slowdown for s in two] == pytest.approx([1.1, 1.2])  # two: their mean
+    with pytest.raises(ClusterError, match="at least one reading"):
+        median_slowdowns([])
+    other = [SpanSlowdown(0, 3, 2, 1.0), SpanSlowdown(3, 8, 2, 1.0)]
+    with pytest.raises(ClusterError, match=r"reading 1 covers spans and sizes \[\(0, 3, 2\)"):
+        median_slowdowns([reading(1.0, 1.0), other])
+
+
 def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_span():
     from pipesim.cluster import IdleCost
 
