@@ -198,6 +198,8 @@ def main() -> None:
                     help="no runs: predict the saved grid again from its saved profiles and "
                     "calibration (after a model change), and print before / after")
     args = ap.parse_args()
+    if args.contention_repeats < 1:  # (else it fails after minutes of calibration)
+        ap.error(f"--contention-repeats must be >= 1, got {args.contention_repeats}")
     torch.set_num_threads(args.threads)
     results = RESULTS / args.subdir if args.subdir else RESULTS
     results.mkdir(parents=True, exist_ok=True)
