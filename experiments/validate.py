@@ -178,7 +178,7 @@ def main() -> None:
     # with medians of three 1.74-2.03%, max 6.8-10.3%; experiments/README.md, session 54)
     ap.add_argument("--contention-repeats", type=int, default=3, metavar="N",
                     help="readings of each balance's in-place contention, the prediction's "
-                    "the median (executor.in_place.stage_contention; about 30 s a reading "
+                    "the median (executor.in_place.stage_contention; 20-40 s a reading "
                     "of a model's balances)")
     ap.add_argument("--lean", action="store_true",
                     help="only what the prediction itself needs: no ablation-only readings "
