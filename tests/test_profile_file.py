@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from pipesim import Profile, ProfileError, ProfileRangeError, split_sizes
+from pipesim import Profile, ProfileError, ProfileRangeError, span_memory, split_sizes
 from tests.helpers import uniform_profile
 
 
@@ -147,6 +147,23 @@ def test_span_counts_shared_boundary_tensors_once():
     span = Profile(pd.DataFrame(rows)).span_cost(0, 2, 1)
     # 50 + 50 internals, one shared boundary tensor (100), the stage output kept (100)
     assert span.stash_bytes == 300
+
+
+def test_a_forward_rise_is_what_the_layers_before_kept_its_loose_input_what_it_makes_and_temps():
+    # three layers, bytes: 0 saves its input and output (4 + 8), 1 saves its input (0's
+    # output, one storage) and 12 of its own, 2 saves 30 of its own but not its input
+    cols = {name: np.array(v, dtype=float) for name, v in {
+        "saved_bytes": [12, 20, 30], "saved_input_bytes": [4, 8, 0],
+        "saved_output_bytes": [8, 0, 0], "input_bytes": [4, 8, 16],
+        "output_bytes": [8, 16, 2], "fwd_transient_bytes": [1, 2, 3]}.items()}
+    through = span_memory.stash_flags(0, cols, pass_through=())
+    own = span_memory.own_saved(cols, through)
+    assert own.tolist() == [8, 12, 30]  # the received input and the shared boundary aside
+    # kept before + loose input + (output + what it saves beyond them) + temporaries
+    assert span_memory.forward_rise(cols, through, own).tolist() == [
+        0 + 0 + (8 + 0) + 1, 8 + 0 + (16 + 12) + 2, 20 + 16 + (2 + 30) + 3]
+    # kept to the backward: every saved byte once (the 8 shared) and the stage output
+    assert span_memory.stash_bytes(cols, through, loss_span=False) == (62 - 8 + 2, 0.0)
 
 
 @pytest.mark.parametrize(("batch", "chunks", "sizes"), [
