@@ -83,6 +83,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=60)
     ap.add_argument("--subdir", default="", help="results sub-folder (gpu on that machine)")
     args = ap.parse_args()
+    if args.rounds <= SKIPPED:
+        ap.error(f"--rounds {args.rounds}: the first {SKIPPED} rounds set connections up and "
+                 "are not timed; give more")
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs two cores: one per rank")
     rows = []
