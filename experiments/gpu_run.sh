@@ -65,6 +65,12 @@
 #           other kind, the pairs the H200 grid's 2-sample plans need: see
 #           experiments/README.md, "Measured on an H200"), gpu --stage-memory-only
 #           --stages 2 (the profiles the grid left), crossing;
+# Checked on the 2-core VM without a GPU (2026-12-01, after the executor changes since the
+# last lent machine): `python experiments/gpu_validate.py --device cpu --quick --dtypes
+# float32 --stages 2 --iterations 2 --min-seconds 0.05 --in-place-rounds 2 --out /tmp/gq`
+# runs to the end (2.6 min), as do thread_interpreter.py --device cpu, switch_interval.py
+# --device cpu --small, bench_executor_cuda.py --device cpu --quick, crossing_messages.py
+# and the console chain with --device cpu: a lent machine's minutes go to measuring.
 # carry .whl (simpy: pip download --no-deps -d .whl simpy==4.1.2, .whl ignored in
 # .git/info/exclude) and the results of earlier calls, committed, travel with the tree.
 # Results go to experiments/results/gpu/ as each grid finishes (a run cut short keeps them),
