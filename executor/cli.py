@@ -31,9 +31,10 @@ from pipesim.cli import (
 if TYPE_CHECKING:
     from typing import TypeVar
 
-    from pipesim.cluster import CheckpointExtra, Cluster, ExecutorGap, IdleCost, SpanSlowdown
+    from pipesim.cluster import Cluster
     from pipesim.plan import Plan
     from pipesim.profile import Profile
+    from pipesim.readings import CheckpointExtra, ExecutorGap, IdleCost, SpanSlowdown
 
     #: rows measured in place for a span of layers
     Spanned = TypeVar("Spanned", IdleCost, CheckpointExtra, ExecutorGap, SpanSlowdown)
@@ -514,12 +515,12 @@ def _calibrate_threads(args: argparse.Namespace) -> Cluster:
     calibrate_threads`) and, with ``--stage-costs PROFILE``, each stage of each
     ``--balance`` measured in place there, plain and checkpointed at the profile's sizes
     (:func:`executor.in_place.device_stage_costs`): the seconds those plans' actions cost
-    (:class:`pipesim.cluster.InPlaceCost`).  On the H200 grid they took the median error
+    (:class:`pipesim.readings.InPlaceCost`).  On the H200 grid they took the median error
     from 7.3% to 4.9% (``experiments/README.md``)."""
     from executor.calibrate import calibrate_threads, overheads_text
     from executor.in_place import device_stage_costs
-    from pipesim.cluster import in_place_costs_of
     from pipesim.costs import profile_seconds
+    from pipesim.readings import in_place_costs_of
 
     inputs = (_in_place_inputs(args, args.stage_costs, "--stage-costs")
               if args.stage_costs else None)
@@ -563,7 +564,7 @@ def _calibrate_processes(args: argparse.Namespace) -> Cluster:
     ``--balance`` (:func:`executor.in_place.idle_costs`), read against that profile, what
     checkpointing adds to each stage's backward (:func:`executor.in_place.
     checkpoint_extras`), its own executor seconds between actions
-    (:class:`pipesim.cluster.ExecutorGap`) and how much its stages slow each other
+    (:class:`pipesim.readings.ExecutorGap`) and how much its stages slow each other
     computing at once (:func:`executor.in_place.stage_contention`: an action pays the
     larger of it and the host contention; over 45 grids of this project's VM, 2.00% /
     14.1% -> 1.95% / 9.8% pooled)."""

@@ -25,7 +25,7 @@ traffic, kernel sizes -- so :func:`stage_contention` measures it on the stages t
   phase ended, does not), and the phase lasts until every rank has counted one: a stage
   whose step is longer than the others' has them beside it all through;
 * per stage and micro-batch size: ``slowdown = mean(together) / mean(alone)`` (at
-  least 1), as :class:`pipesim.cluster.SpanSlowdown` rows for the simulator; by default
+  least 1), as :class:`pipesim.readings.SpanSlowdown` rows for the simulator; by default
   the median of three such readings, each with its own ranks, one after the other.
 
 No plan is run (no schedule, no messages between the ranks): the measurement is of the
@@ -63,7 +63,8 @@ import torch.multiprocessing as mp
 from executor.calibrate import _gather
 from executor.host_allocator import retain_freed_memory
 from executor.stage_alone import SynthTransport
-from pipesim.cluster import (
+from pipesim.plan import Plan
+from pipesim.readings import (
     IDLE_KINDS,
     CheckpointExtra,
     ExecutorGap,
@@ -72,14 +73,13 @@ from pipesim.cluster import (
     SpanSlowdown,
     median_slowdowns,
 )
-from pipesim.plan import Plan
 
 
 class _Made(SynthTransport):
     """A synthesised transport whose messages are copies of one random tensor per shape:
     a copy costs what filling a posted receive buffer costs, where drawing random numbers
     (SynthTransport's own) would take a large message's stage milliseconds between its
-    actions and read as the executor's (:class:`pipesim.cluster.ExecutorGap`)."""
+    actions and read as the executor's (:class:`pipesim.readings.ExecutorGap`)."""
 
     def __init__(self, shapes, device: torch.device,
                  made: dict[tuple[int, str, int], torch.Tensor] | None = None):
@@ -136,15 +136,15 @@ def _stage_step(job: Callable, balance: Sequence[int], rank: int, size: int,
     (on a first stage, before the step), ``"B"`` for its output gradient, between the two
     (a last stage starts its backward from its own loss, never waiting).  The step returns
     the seconds of its actions as the pipeline's recorder times them, and the executor's
-    own seconds around each of them (:class:`pipesim.cluster.ExecutorGap`; 0 with an
+    own seconds around each of them (:class:`pipesim.readings.ExecutorGap`; 0 with an
     idle): ``{"F": .., "B": .., "between": ..}``.  With ``idle = ("FB", seconds)`` the
     rank sleeps before its backward, and ``"F"`` is the forward of one more step run at
     once after it: a 1F1B rank's forward, which follows a backward that waited for its
-    gradient (:attr:`pipesim.cluster.IdleCost.kind`).  With ``idle = RUN_ON`` the step is
+    gradient (:attr:`pipesim.readings.IdleCost.kind`).  With ``idle = RUN_ON`` the step is
     :data:`RUN_ON_CHUNKS` micro-batches of ``size`` in GPipe's order (as many as the job's
     batch holds, two at least), and ``"F"`` and ``"B"`` the medians of each kind but its
     first: forwards after a forward, backwards after a backward
-    (:class:`pipesim.cluster.RunOnCost`).  On a CUDA ``device`` the actions are
+    (:class:`pipesim.readings.RunOnCost`).  On a CUDA ``device`` the actions are
     timed by the recorder's events (device seconds), the step's wall time between two
     synchronisations."""
     from executor.microbatch import scatter
@@ -288,9 +288,9 @@ def stage_contention(job: Callable, balance: Sequence[int], sizes: Sequence[int]
                      repeats: int = 3, rounds: int = 20, phase_s: float = 0.02,
                      threads: int = 1, pin_cores: bool = True) -> list[SpanSlowdown]:
     """Each stage's slowdown beside the other ranks, per micro-batch size (see the module
-    doc): one :class:`pipesim.cluster.SpanSlowdown` per stage and size, the median of
+    doc): one :class:`pipesim.readings.SpanSlowdown` per stage and size, the median of
     ``repeats`` readings taken one after the other (:func:`stage_contention_readings`,
-    :func:`pipesim.cluster.median_slowdowns`: one reading in a slow spell reads the
+    :func:`pipesim.readings.median_slowdowns`: one reading in a slow spell reads the
     whole layout high).
 
     ``job`` gives ``(module, loss_fn, inputs, targets)`` with at least ``max(sizes)``
@@ -393,7 +393,7 @@ def stage_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     The same processes and steps as :func:`stage_contention` (``job``, ``balance``,
     ``threads``, ``pin_cores`` alike); rows ``{"first", "stop", "micro_batch",
     "checkpointed", "fwd_s", "bwd_s", "between_s"}``, the last the executor's own
-    seconds around each action (:class:`pipesim.cluster.ExecutorGap`).  What a profile
+    seconds around each action (:class:`pipesim.readings.ExecutorGap`).  What a profile
     adds up layer by layer, measured on the stage whole: the executor's per-action work,
     the stage's own cache footprint, torch.utils.checkpoint entered once.  Seconds spent:
     about ``rounds * len(modes) * len(sizes) * len(balance) * phase_s`` plus start-up.
@@ -469,7 +469,7 @@ def checkpoint_extras_of(rows: Sequence[dict]) -> list[CheckpointExtra]:
 
 def executor_gaps_of(rows: Sequence[dict]) -> list[ExecutorGap]:
     """The executor's own seconds around each action, per stage, size and checkpoint mode
-    (:class:`pipesim.cluster.ExecutorGap`), from :func:`stage_costs`' rows."""
+    (:class:`pipesim.readings.ExecutorGap`), from :func:`stage_costs`' rows."""
     return [ExecutorGap(r["first"], r["stop"], r["micro_batch"], r["checkpointed"],
                         max(r["between_s"], 0.0)) for r in rows]
 
@@ -576,7 +576,7 @@ def idle_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
     one step's own noise is larger than that, so ``seconds`` is the median over the sizes
     of (the median action after the idle less the median hot one); ``after_idle_s`` keeps
     each size's own median and ``hot_s`` the hot one.  One
-    :class:`pipesim.cluster.IdleCost` per stage, action kind, size, checkpoint mode and
+    :class:`pipesim.readings.IdleCost` per stage, action kind, size, checkpoint mode and
     idle (no backward of the last stage, nor a forward after one: it starts from its own
     loss, never waiting).  Each timed step follows :data:`SETTLE_S` of untimed ones (two
     at least), so that "at once" is the rank's steady pace.  Seconds spent: about
@@ -653,7 +653,7 @@ def run_on_costs(job: Callable, balance: Sequence[int], sizes: Sequence[int], *,
                                                  but each kind's first     (same_s)
 
     ``scale = median(same) / median(other)`` per stage, size, checkpoint mode and kind: a
-    :class:`pipesim.cluster.RunOnCost` (the simulator's ``Cluster.run_on_costs``).  A
+    :class:`pipesim.readings.RunOnCost` (the simulator's ``Cluster.run_on_costs``).  A
     profile times each layer's forward after its backward, and a stage's in-place costs
     the plain step, so they price the other order; GPipe's ranks run theirs in runs.
     ``sizes`` at most half the job's batch (a run-on step takes two micro-batches at

@@ -6,7 +6,7 @@ Rerunnable by anyone with a CUDA GPU (and, with --device cpu --quick, anywhere):
    and measure each stage of the grid's balances in place, alone, plain and checkpointed
    at every size (executor.in_place.device_stage_costs: the executor's own code path,
    launches back to back, the checkpoint entered once): the costs the prediction gives
-   its actions (pipesim.cluster.InPlaceCost; ablation profile_costs: the profile's);
+   its actions (pipesim.readings.InPlaceCost; ablation profile_costs: the profile's);
    the profile also times each pass beside each other pass, two threads on the device
    (``profile(..., pairs=True)``): the variant ``threads_pairs`` predicts with them
    (``Cluster.thread_pairs``);
@@ -51,10 +51,11 @@ from executor.profiler import device_name, profile
 from executor.stage_alone import run_stage_alone
 from experiments.common import RESULTS, machine
 from experiments.validation import grid, predict_and_measure, save_measured_actions, summarise
-from pipesim.cluster import Cluster, in_place_costs_of
+from pipesim.cluster import Cluster
 from pipesim.costs import PlanCosts
 from pipesim.plan import Plan
 from pipesim.profile import Profile
+from pipesim.readings import in_place_costs_of
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 
@@ -102,7 +103,7 @@ def in_place_rows(prof: Profile, name: str, dtype: str, model_sizes: dict, n_sta
     """Each stage of the grid's balances for ``prof`` (the built-in model ``name``)
     measured in place on the GPU, alone, plain and checkpointed at every size of the
     profile (:func:`executor.in_place.device_stage_costs`): the costs the prediction gives
-    each action (:class:`pipesim.cluster.InPlaceCost`).  Added to
+    each action (:class:`pipesim.readings.InPlaceCost`).  Added to
     ``out/in_place_costs_gpu.json`` (``{"model/dtype/2st": rows, "_machine": ...}``) as
     each model is done."""
     t0 = time.time()

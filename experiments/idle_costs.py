@@ -24,7 +24,7 @@ step, by the idle before them (their worker's previous action's end to their sta
 
 Writes experiments/results/idle_costs.csv (in place: one row per stage, kind, size,
 checkpoint mode and idle), idle_costs_grid.csv (the grid's lone actions, per stage, kind and
-idle bin) and idle_costs.json (``idle_costs``: model -> :class:`pipesim.cluster.IdleCost`
+idle bin) and idle_costs.json (``idle_costs``: model -> :class:`pipesim.readings.IdleCost`
 rows, what ``grid_history.py --idle`` gives the simulator).  About 12 minutes.
 """
 

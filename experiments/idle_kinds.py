@@ -26,7 +26,7 @@ backward, 0.31 / 0.37 / 0.43 after a backward that followed 0.3 / 1 / 3 ms aslee
 0.37 / 0.46 / 0.50 right after those sleeps.  The model of it is measured in place, not
 taken from here: :func:`executor.in_place.idle_costs`' kind ``"FB"`` (a stage's forward
 right after a backward that waited), which the simulator charges a forward that follows a
-backward on its worker (:class:`pipesim.cluster.IdleCost`).
+backward on its worker (:class:`pipesim.readings.IdleCost`).
 
     python experiments/idle_kinds.py [--rounds 5] [--sizes 2,8] [--waits 0.0003,0.001,0.003]
 Writes experiments/results/idle_kinds.csv (one row per round, size and order) and

@@ -5,7 +5,7 @@ Each built-in model's stages, in each balance the committed CPU grid ran
 rank computing its own stage alone and beside the other, pinned as the runs are (one
 reading of :func:`executor.in_place.stage_contention_readings` a repeat).  ``--repeats``
 readings, taken one after the other, say how far one reading is from the next on this
-machine; the file keeps their median (:func:`pipesim.cluster.median_slowdowns`, what
+machine; the file keeps their median (:func:`pipesim.readings.median_slowdowns`, what
 :func:`executor.in_place.stage_contention` returns and ``validate.py`` predicts with), which
 ``grid_history.py --repredict --slowdowns FILE`` applies to the runs pooled there in place
 of each run's own (a what-if: this hour's measurement on other hours' runs)::
@@ -35,7 +35,7 @@ from executor.in_place import stage_contention_readings
 from executor.models import builtin_job
 from experiments.common import RESULTS, machine, write_results
 from experiments.validate import BATCH, MODELS
-from pipesim.cluster import median_slowdowns
+from pipesim.readings import median_slowdowns
 
 
 def layouts(grid: pd.DataFrame, model: str) -> tuple[list[list[int]], list[int]]:

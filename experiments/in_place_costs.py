@@ -24,7 +24,7 @@ on other hours' runs)::
         --costs experiments/results/in_place_costs.json
 
 It also writes the executor's own seconds around each action (the rows' ``between_s``,
-:class:`pipesim.cluster.ExecutorGap`) with the calibration pipeline's figure of the same
+:class:`pipesim.readings.ExecutorGap`) with the calibration pipeline's figure of the same
 hour, which ``grid_history.py --repredict --gaps FILE`` lends to the runs.
 
 Writes experiments/results/in_place_costs.csv (one row per model, stage, size and mode)
@@ -113,7 +113,7 @@ def main() -> None:
                        if k in ("first", "stop", "micro_batch", "checkpointed", "fwd_s", "bwd_s")}
                       for r in part.to_dict("records")]
              for m, part in table.groupby("model")}
-    # the executor's own seconds around each action (pipesim.cluster.ExecutorGap), and the
+    # the executor's own seconds around each action (pipesim.readings.ExecutorGap), and the
     # calibration pipeline's, which its gaps hold already: what grid_history --gaps lends
     base = calibration_executor_gap(pin_cores=True)
     gaps = {str(m): [dataclasses.asdict(x) for x in executor_gaps_of(part.to_dict("records"))]

@@ -48,9 +48,10 @@ import pandas as pd
 
 from experiments.common import write_results
 from experiments.repredict_evidence import H200_GRID, _gpu_plans, _threads, in_place_costs
-from pipesim.cluster import Cluster, in_place_costs_of
+from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import PAIRS, Profile
+from pipesim.readings import in_place_costs_of
 from pipesim.simulator import simulate
 from pipesim.trace import metrics
 

@@ -53,9 +53,10 @@ import pandas as pd
 
 from experiments.common import write_results
 from experiments.validation import noise_floor, plan_columns, predict_saved
-from pipesim.cluster import Cluster, in_place_costs_of
+from pipesim.cluster import Cluster
 from pipesim.plan import Plan
 from pipesim.profile import Profile
+from pipesim.readings import in_place_costs_of
 from pipesim.simulator import simulate
 from pipesim.trace import Trace, metrics
 
@@ -147,7 +148,7 @@ VARIANTS: dict[str, Callable[[Profile, Cluster], Model | None]] = {
 
 
 #: the variants predicted again where a grid's folder has its stages' costs measured in
-#: place on the GPU (``gpu_validate.py``, :class:`pipesim.cluster.InPlaceCost`), each
+#: place on the GPU (``gpu_validate.py``, :class:`pipesim.readings.InPlaceCost`), each
 #: action at that lone cost: name -> the :data:`VARIANTS` entry it builds on
 IN_PLACE_VARIANTS = {"in_place_costs": "measured_streams",
                      "in_place_threads": "threads_engine",

@@ -78,7 +78,10 @@ from experiments.validation import (
     summarise,
     without_columns,
 )
-from pipesim.cluster import (
+from pipesim.costs import with_profile_seconds
+from pipesim.plot import scatter_predicted_measured
+from pipesim.profile import Profile
+from pipesim.readings import (
     IDLE_KINDS,
     CheckpointExtra,
     ExecutorGap,
@@ -86,9 +89,6 @@ from pipesim.cluster import (
     in_place_costs_of,
     median_slowdowns,
 )
-from pipesim.costs import with_profile_seconds
-from pipesim.plot import scatter_predicted_measured
-from pipesim.profile import Profile
 
 MODELS = {"mlp": dict(width=512, depth=7, in_features=512),
           "gpt": dict(vocab=1024, d_model=128, n_layers=4, n_heads=4, seq_len=32),
@@ -160,15 +160,15 @@ def main() -> None:
     ap.add_argument("--run-on", action="store_true",
                     help="also measure each balance's run-on costs in place (a forward after "
                     "a forward, a backward after a backward, against the other order: "
-                    "pipesim.cluster.RunOnCost; about 20-45 s a balance) and predict with "
+                    "pipesim.readings.RunOnCost; about 20-45 s a balance) and predict with "
                     "them as the ablation run_on")
     ap.add_argument("--checkpoint-extras", action=argparse.BooleanOptionalAction, default=True,
                     help="measure what checkpointing adds to each stage's backward in place "
-                    "and predict with it (pipesim.cluster.CheckpointExtra; ablation "
+                    "and predict with it (pipesim.readings.CheckpointExtra; ablation "
                     "no_checkpoint_extras)")
     ap.add_argument("--executor-gaps", action=argparse.BooleanOptionalAction, default=True,
                     help="measure each stage's own executor seconds between actions in place "
-                    "and predict with them (pipesim.cluster.ExecutorGap; ablation "
+                    "and predict with them (pipesim.readings.ExecutorGap; ablation "
                     "no_executor_gaps)")
     ap.add_argument("--idle-at-once", action="store_true",
                     help="measure the idle costs on every rank at the same time (a core per "
@@ -338,7 +338,7 @@ def main() -> None:
         # readings 40 minutes apart put MLP's last stage's 0.95-1.78 ms against 0.64-1.2)
         # and, from the same steps, each stage's own executor seconds between actions
         # (--executor-gaps, the default), bracketed alike; and the stages' own costs in
-        # place (the ablation in_place_costs: each action at them, pipesim.cluster.InPlaceCost)
+        # place (the ablation in_place_costs: each action at them, pipesim.readings.InPlaceCost)
         def measure_stages(job=job, balances=balances, sizes=sizes_of_plans
                            ) -> tuple[list[CheckpointExtra], list[ExecutorGap], list[InPlaceCost]]:
             if not (args.checkpoint_extras or args.executor_gaps):
@@ -422,7 +422,7 @@ def main() -> None:
         clock.mark(f"{name}: readings after the grid")
         keep_readings()
         # (the layout's own contention measured in place, the larger of it and the host
-        # law binding: pipesim.cluster.SpanSlowdown; the ablation no_in_place_contention
+        # law binding: pipesim.readings.SpanSlowdown; the ablation no_in_place_contention
         # leaves it out)
         model_cluster = dataclasses.replace(
             bracketed(cluster, contention[-2:], gaps[-2:], in_action[-2:]),

@@ -71,10 +71,11 @@ from experiments.validation import (
     summarise,
 )
 from pipesim.balance import min_max_partition
-from pipesim.cluster import Cluster, in_place_costs_of
+from pipesim.cluster import Cluster
 from pipesim.costs import with_profile_seconds
 from pipesim.plan import Plan
 from pipesim.profile import Profile
+from pipesim.readings import in_place_costs_of
 
 #: small models: per-operation overhead is much of their time, as on a GPU's launch-bound
 #: layers

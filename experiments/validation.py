@@ -20,18 +20,11 @@ import numpy as np
 import pandas as pd
 
 from pipesim.balance import min_max_partition
-from pipesim.cluster import (
-    CheckpointExtra,
-    Cluster,
-    ExecutorGap,
-    IdleCost,
-    InPlaceCost,
-    RunOnCost,
-    in_place_costs_of,
-)
+from pipesim.cluster import Cluster
 from pipesim.compare import alone_scale, compare
 from pipesim.plan import V_SCHEDULES, Plan
 from pipesim.profile import Profile
+from pipesim.readings import CheckpointExtra, ExecutorGap, IdleCost, InPlaceCost, RunOnCost, in_place_costs_of
 from pipesim.schedule import program
 from pipesim.simulator import Jitter, simulate
 from pipesim.trace import Trace, metrics
@@ -384,7 +377,7 @@ def predict_saved(folder: Path, tag: str = "cpu",
     in-action overhead likewise where the run measured them around each grid,
     ``gap_readings`` and ``in_action_readings``).  ``cluster_fields``
     then replace fields of each model's cluster (a what-if: another calibration's gaps on
-    the same runs); ``slowdowns`` (model -> :class:`pipesim.cluster.SpanSlowdown` rows or
+    the same runs); ``slowdowns`` (model -> :class:`pipesim.readings.SpanSlowdown` rows or
     their dicts) give a model's cluster host slowdowns measured in place
     (:func:`executor.in_place.stage_contention`, the larger of it and the host law
     binding; see
@@ -392,15 +385,15 @@ def predict_saved(folder: Path, tag: str = "cpu",
     ``validate.py`` predicts with them; ``{}`` none;
     ``costs`` (model -> rows of :func:`executor.in_place.stage_costs`) give each action
     the seconds its stage was measured to take in place, where they were measured (a
-    lone cost, its sharing the model's: :class:`pipesim.cluster.InPlaceCost`); ``idle``
-    (model -> :class:`pipesim.cluster.IdleCost` rows or their dicts) a model's cluster
+    lone cost, its sharing the model's: :class:`pipesim.readings.InPlaceCost`); ``idle``
+    (model -> :class:`pipesim.readings.IdleCost` rows or their dicts) a model's cluster
     the actions' idle costs measured in place
     (:func:`executor.in_place.idle_costs`): by default (None) those the run measured, as
     today's ``validate.py`` predicts with them (none in runs before 2026-11-25 evening);
     ``{}`` none; ``extras`` likewise the checkpoint's extras measured in place
-    (:class:`pipesim.cluster.CheckpointExtra`, :func:`executor.in_place.checkpoint_extras`;
+    (:class:`pipesim.readings.CheckpointExtra`, :func:`executor.in_place.checkpoint_extras`;
     none in runs before 2026-11-26 05:00); ``gaps`` likewise the executor's own seconds
-    between actions measured in place (:class:`pipesim.cluster.ExecutorGap`; none before
+    between actions measured in place (:class:`pipesim.readings.ExecutorGap`; none before
     2026-11-26 07:00), with ``gap_base_s`` the calibration pipeline's own figure (by
     default the run's readings; a run without them predicts without the gaps);
     ``contention_scale`` multiplies the host-contention readings of a run calibrated by
@@ -411,14 +404,14 @@ def predict_saved(folder: Path, tag: str = "cpu",
     model is predicted with, their median (:data:`READINGS`): the two around its grid
     (``"bracketed"``, as ``validate.py`` predicts), every one up to the one after its
     grid (``"so_far"``, its ablation ``so_far_contention``) or every one of the run
-    (``"run"``); ``run_on`` (model -> :class:`pipesim.cluster.RunOnCost` rows or their
+    (``"run"``); ``run_on`` (model -> :class:`pipesim.readings.RunOnCost` rows or their
     dicts) run-on costs to predict with, by default none: an ablation, whether or not
     the run measured them (``validate.py --run-on``; :func:`in_place_readings` reads a
     run's own)."""
     grid = saved_grid(folder, tag, cluster_fields, slowdowns, idle, extras, gaps, gap_base_s,
                       contention_scale, readings, run_on)
     # (each action at its stage's lone cost in place; how it shares the host stays the
-    # model's: pipesim.cluster.InPlaceCost)
+    # model's: pipesim.readings.InPlaceCost)
     clusters = {m: dataclasses.replace(c, in_place_costs=in_place_costs_of(costs[m]))
                 if costs and m in costs else c for m, c in grid.clusters.items()}
     now = []

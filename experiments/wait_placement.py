@@ -14,7 +14,7 @@ just before it (this VM's pace moves by up to 2x within seconds)::
 
 If the cost is the thread's wait, every way but ``hot`` pays it; if it is its core's
 idle, ``threads_1_core`` does not (its core runs the other stage meanwhile).  What
-``pipesim``'s idle costs are read at (:class:`pipesim.cluster.IdleCost`: the device's
+``pipesim``'s idle costs are read at (:class:`pipesim.readings.IdleCost`: the device's
 idle where stage threads share one core) rests on this.
 
     python experiments/wait_placement.py [--blocks 40] [--turns 20]

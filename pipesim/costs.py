@@ -11,10 +11,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from pipesim.balance import stage_firsts
-from pipesim.cluster import Cluster, IdleCost
+from pipesim.cluster import Cluster
 from pipesim.contention import speedup_from_scaling
 from pipesim.plan import Plan
 from pipesim.profile import LayerCost, Profile
+from pipesim.readings import IdleCost
 
 #: a backward in one part (no per-layer walk known): gradients at its start, frees at its end
 WHOLE = ((0.0, 1.0, 1.0, 1.0),)

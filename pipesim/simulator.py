@@ -42,7 +42,7 @@ action ran on it meanwhile, nothing: the device never idled::
 
 A forward right after a backward that waited pays the larger of its own wait's cost and
 what the cluster measured for a forward after such a backward (kind ``"FB"`` of
-:class:`pipesim.cluster.IdleCost`, read at the backward's wait; none where not measured)::
+:class:`pipesim.readings.IdleCost`, read at the backward's wait; none where not measured)::
 
     1F1B        t0 |F1|send|..wait..|B0|F2'|     F2' pays the "FB" curve at the wait
 
@@ -153,7 +153,7 @@ import numpy as np
 import pandas as pd
 import simpy
 
-from pipesim.cluster import Cluster, read_curve
+from pipesim.cluster import Cluster
 from pipesim.contention import (
     PairSharing,
     ProcessorSharing,
@@ -165,6 +165,7 @@ from pipesim.costs import PlanCosts
 from pipesim.errors import ClusterError
 from pipesim.plan import Plan
 from pipesim.profile import PAIR_KINDS, Profile
+from pipesim.readings import read_curve
 from pipesim.schedule import (
     BACKWARD,
     FORWARD,

@@ -75,7 +75,7 @@ class Step(NamedTuple):
     idle_curve: tuple[tuple[float, float], ...] = ()
     #: a forward's extra seconds (as ``idle_curve``'s, the same baseline) right after a
     #: backward on its worker that waited, read at that backward's wait: the in-place
-    #: ``"FB"`` curve (:class:`pipesim.cluster.IdleCost`); empty: none measured
+    #: ``"FB"`` curve (:class:`pipesim.readings.IdleCost`); empty: none measured
     after_wait_curve: tuple[tuple[float, float], ...] = ()
     #: how many times ``seconds`` it costs right after an action of its own kind and stage
     #: on its worker (a forward after a forward, a backward after a backward), measured in

@@ -264,7 +264,7 @@ def test_calibrate_writes_a_cluster_whose_idle_costs_the_simulator_reads(tmp_pat
     assert sorted((x.first, x.micro_batch, x.checkpointed) for x in cluster.executor_gaps) == [
         (f, b, c) for f in (0, 1) for b in (2, 4) for c in (False, True)]
     # and how much each stage slows beside the other computing, per size (on top of the
-    # host contention: pipesim.cluster.SpanSlowdown)
+    # host contention: pipesim.readings.SpanSlowdown)
     assert "stage 1 beside the others computing" in text
     assert sorted((x.first, x.stop, x.micro_batch) for x in cluster.host_slowdowns) == [
         (0, 1, 2), (0, 1, 4), (1, 4, 2), (1, 4, 4)]

@@ -675,7 +675,8 @@ def test_in_place_contention_gives_each_stage_a_slowdown_per_micro_batch_size():
 def test_stage_costs_time_each_stages_actions_in_place_per_size_and_checkpoint_mode():
     from executor.in_place import stage_costs
     from executor.profiler import profile
-    from pipesim.cluster import Cluster, in_place_costs_of
+    from pipesim.cluster import Cluster
+    from pipesim.readings import in_place_costs_of
     from pipesim.simulator import simulate
 
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
@@ -734,7 +735,7 @@ def test_checkpoint_extras_are_each_stages_checkpointed_backward_less_its_plain_
 
 def test_device_stage_costs_time_each_stage_alone_in_this_process_plain_and_checkpointed():
     from executor.in_place import device_stage_costs
-    from pipesim.cluster import in_place_costs_of
+    from pipesim.readings import in_place_costs_of
 
     job = functools.partial(builtin_job, "mlp", 8, width=32, depth=3, in_features=32)
     threads = torch.get_num_threads()

@@ -465,7 +465,7 @@ def test_host_contention_shares_the_processor_only_while_actions_overlap():
 
 
 def test_a_span_slowed_beside_the_others_pays_the_larger_of_its_reading_and_the_host_law():
-    from pipesim.cluster import SpanSlowdown
+    from pipesim.readings import SpanSlowdown
 
     prof = uniform_profile(2)  # F = 1 s per sample and layer
     plan = Plan([1, 1], 2, 2, checkpoint="never")
@@ -493,9 +493,31 @@ def test_a_span_slowed_beside_the_others_pays_the_larger_of_its_reading_and_the_
     assert (replay.actions.end - replay.actions.start).max() == pytest.approx(1.0)
 
 
+def test_a_reading_is_read_linear_in_log2_size_between_its_sizes_and_flat_beyond():
+    from pipesim.readings import InPlaceCost, in_log2_size, read_curve, span_at
+
+    points = [(2, 1.0), (8, 3.0)]
+    assert in_log2_size(points, 4) == pytest.approx(2.0)  # log2: 1 -> 2 -> 3
+    assert in_log2_size(points, 2 * 2 ** 0.5) == pytest.approx(1.5)
+    assert in_log2_size(points, 1) == in_log2_size(points, 2) == 1.0  # the nearest beyond
+    assert in_log2_size(points, 64) == 3.0
+    assert in_log2_size([(4, 5.0)], 1) == in_log2_size([(4, 5.0)], 16) == 5.0  # one size
+    # a span's rows only, in any order; None where the span has none
+    rows = [InPlaceCost(0, 3, 8, False, 3.0, 0.0), InPlaceCost(3, 6, 4, False, 9.0, 0.0),
+            InPlaceCost(0, 3, 2, False, 1.0, 0.0)]
+    assert span_at(rows, 0, 3, 4, lambda x: x.fwd_s) == pytest.approx(2.0)
+    assert span_at(rows, 3, 6, 1, lambda x: x.fwd_s) == 9.0
+    assert span_at(rows, 0, 6, 4, lambda x: x.fwd_s) is None
+    # a curve (a wake-up after a wait, seconds) is linear in its own x, flat beyond
+    curve = ((0.0, 0.0), (1e-3, 2e-4), (1e-2, 5e-4))
+    assert read_curve(curve, 5e-4) == pytest.approx(1e-4)
+    assert read_curve(curve, 5.5e-3) == pytest.approx(3.5e-4)
+    assert read_curve(curve, 1.0) == pytest.approx(5e-4)
+
+
 def test_host_slowdowns_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
-    from pipesim.cluster import SpanSlowdown
     from pipesim.errors import ClusterError
+    from pipesim.readings import SpanSlowdown
 
     c = Cluster([Device("a"), Device("b")], host_slowdowns=(
         SpanSlowdown(0, 3, 2, 1.1), SpanSlowdown(0, 3, 8, 1.3), SpanSlowdown(3, 6, 2, 1.0)))
@@ -509,8 +531,8 @@ def test_host_slowdowns_interpolate_in_log_size_are_validated_and_round_trip(tmp
 
 
 def test_repeated_in_place_readings_keep_each_spans_median_and_refuse_mixed_layouts():
-    from pipesim.cluster import SpanSlowdown, median_slowdowns
     from pipesim.errors import ClusterError
+    from pipesim.readings import SpanSlowdown, median_slowdowns
 
     def reading(a: float, b: float) -> list[SpanSlowdown]:
         return [SpanSlowdown(0, 4, 2, a), SpanSlowdown(4, 8, 2, b)]
@@ -531,7 +553,7 @@ def test_repeated_in_place_readings_keep_each_spans_median_and_refuse_mixed_layo
 
 
 def test_a_backward_after_its_worker_idled_pays_the_idle_cost_measured_for_its_span():
-    from pipesim.cluster import IdleCost
+    from pipesim.readings import IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
@@ -569,7 +591,7 @@ def test_a_forward_right_after_a_backward_that_waited_pays_the_curve_measured_fo
     # 1F1B: stage 0's backward waits for its gradient, then its next forward follows at
     # once; that forward pays the "FB" curve at the backward's wait (what it touches
     # faded meanwhile), where without one it pays its own curve at the gap before it (none)
-    from pipesim.cluster import IdleCost
+    from pipesim.readings import IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 4, 4, checkpoint="never", schedule="1f1b")
@@ -612,7 +634,7 @@ def test_an_idle_cost_is_not_paid_where_another_stage_thread_kept_the_shared_cor
     # 2-core VM a stage thread's forward after the other's on the same core took 1.04x the
     # steady pace of one thread running both, 1.12x on another core:
     # experiments/wait_placement.py)
-    from pipesim.cluster import IdleCost
+    from pipesim.readings import IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 1, 1, checkpoint="never", schedule="gpipe")
@@ -638,7 +660,7 @@ def test_an_idle_cost_is_not_paid_where_another_stage_thread_kept_the_shared_cor
 
 
 def test_idle_costs_are_read_against_the_profiles_own_regime_where_it_was_measured():
-    from pipesim.cluster import IdleCost
+    from pipesim.readings import IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
@@ -665,8 +687,8 @@ def test_idle_costs_are_read_against_the_profiles_own_regime_where_it_was_measur
 
 
 def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
-    from pipesim.cluster import IdleCost
     from pipesim.errors import ClusterError
+    from pipesim.readings import IdleCost
 
     c = Cluster([Device("a"), Device("b")], idle_costs=(
         IdleCost(0, 3, 2, False, 0.01, 1e-3), IdleCost(0, 3, 8, False, 0.01, 3e-3),
@@ -687,7 +709,7 @@ def test_idle_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_pat
 def test_a_run_of_forwards_or_backwards_costs_the_scale_measured_for_its_order():
     # GPipe: each stage's forwards follow forwards, its backwards backwards (but the
     # first of each); 1F1B's steady forwards follow backwards and keep their profile
-    from pipesim.cluster import RunOnCost
+    from pipesim.readings import RunOnCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     runs = (RunOnCost(0, 1, 1, False, "F", 0.5), RunOnCost(0, 1, 1, False, "B", 0.75),
@@ -727,8 +749,8 @@ def test_a_run_of_forwards_or_backwards_costs_the_scale_measured_for_its_order()
 
 
 def test_run_on_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
-    from pipesim.cluster import RunOnCost
     from pipesim.errors import ClusterError
+    from pipesim.readings import RunOnCost
 
     c = Cluster([Device("a"), Device("b")], run_on_costs=(
         RunOnCost(0, 3, 2, False, "F", 0.6), RunOnCost(0, 3, 8, False, "F", 0.9),
@@ -747,7 +769,7 @@ def test_run_on_costs_interpolate_in_log_size_are_validated_and_round_trip(tmp_p
 
 
 def test_a_checkpointed_backward_without_an_idle_curve_costs_its_plain_one_and_the_extra_measured():
-    from pipesim.cluster import CheckpointExtra, IdleCost
+    from pipesim.readings import CheckpointExtra, IdleCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
@@ -813,8 +835,8 @@ def test_a_checkpointed_backward_measured_below_its_forward_and_backward_keeps_t
 
 
 def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(tmp_path):
-    from pipesim.cluster import CheckpointExtra
     from pipesim.errors import ClusterError
+    from pipesim.readings import CheckpointExtra
 
     c = Cluster([Device("a"), Device("b")], checkpoint_extras=(
         CheckpointExtra(0, 3, 2, 1e-3), CheckpointExtra(0, 3, 8, 3e-3),
@@ -830,7 +852,7 @@ def test_checkpoint_extras_interpolate_in_log_size_are_validated_and_round_trip(
 
 
 def test_an_action_measured_in_place_costs_that_alone_and_keeps_its_sharing_and_recompute_share():
-    from pipesim.cluster import IdleCost, InPlaceCost
+    from pipesim.readings import IdleCost, InPlaceCost
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 1, 1, checkpoint="always", schedule="gpipe")
@@ -864,8 +886,8 @@ def test_an_action_measured_in_place_costs_that_alone_and_keeps_its_sharing_and_
 
 
 def test_in_place_costs_read_their_mode_in_log_size_are_validated_and_round_trip(tmp_path):
-    from pipesim.cluster import InPlaceCost
     from pipesim.errors import ClusterError
+    from pipesim.readings import InPlaceCost
 
     c = Cluster([Device("a"), Device("b")], in_place_costs=(
         InPlaceCost(0, 3, 2, False, 1e-3, 2e-3), InPlaceCost(0, 3, 8, False, 3e-3, 6e-3),
@@ -880,7 +902,7 @@ def test_in_place_costs_read_their_mode_in_log_size_are_validated_and_round_trip
 
 
 def test_an_action_pauses_its_stages_executor_gap_beyond_the_calibration_pipelines():
-    from pipesim.cluster import ExecutorGap
+    from pipesim.readings import ExecutorGap
 
     prof = uniform_profile(2)  # F = 1 s, B = 2 s per sample and layer
     plan = Plan([1, 1], 2, 2, checkpoint="never", schedule="gpipe")
@@ -949,8 +971,8 @@ def test_a_blocked_workers_wake_up_grows_with_its_wait_by_the_measured_curve(tmp
 
 def test_executor_gaps_read_their_mode_in_log_size_less_the_base_are_validated_and_round_trip(
         tmp_path):
-    from pipesim.cluster import ExecutorGap
     from pipesim.errors import ClusterError
+    from pipesim.readings import ExecutorGap
 
     two = [Device("a"), Device("b")]
     c = Cluster(two, executor_gap_base_s=1e-4, executor_gaps=(
@@ -2397,7 +2419,7 @@ def test_a_measured_concurrency_law_is_borrowed_only_by_a_profile_of_the_same_la
 
 def test_two_readings_of_in_place_rows_are_averaged_per_span_size_and_mode():
     from experiments.validation import mean_readings
-    from pipesim.cluster import CheckpointExtra, InPlaceCost
+    from pipesim.readings import CheckpointExtra, InPlaceCost
 
     before = [InPlaceCost(0, 2, 4, True, 1.0, 3.0), InPlaceCost(2, 4, 4, True, 5.0, 5.0)]
     after = [InPlaceCost(0, 2, 4, True, 2.0, 5.0), InPlaceCost(0, 2, 4, False, 1.0, 1.0)]
@@ -2412,7 +2434,7 @@ def test_interference_by_kind_reads_each_actions_excess_and_its_overlap_by_kind(
     import pandas as pd
 
     from experiments.interference_by_kind import fit, overlaps
-    from pipesim.cluster import InPlaceCost
+    from pipesim.readings import InPlaceCost
 
     plan = Plan([1, 1], 2, 2, checkpoint="except_last", schedule="gpipe")  # mb 0 checkpointed
     cluster = Cluster([Device("a"), Device("b")], in_place_costs=(

@@ -106,7 +106,7 @@ def _tuned_2x2(cluster: Cluster):
 def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
     import warnings
 
-    from pipesim.cluster import InPlaceCost
+    from pipesim.readings import InPlaceCost
 
     two = [Device("a"), Device("b")]
 
@@ -128,14 +128,14 @@ def test_tuning_with_some_balances_measured_in_place_warns_of_two_rulers():
 
 
 def _idle_costs(spans):  # what a 1 ms wait costs each span's forward and backward
-    from pipesim.cluster import IdleCost
+    from pipesim.readings import IdleCost
 
     return {"idle_costs": tuple(IdleCost(first, stop, 4, False, 0.001, 1e-4, kind)
                                 for first, stop in spans for kind in "FB")}
 
 
 def _run_on_costs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, per span
-    from pipesim.cluster import RunOnCost
+    from pipesim.readings import RunOnCost
 
     return {"run_on_costs": tuple(RunOnCost(first, stop, 4, False, kind, scale)
                                   for first, stop in spans
@@ -143,7 +143,7 @@ def _run_on_costs(spans):  # a run of forwards at 0.8x, of backwards at 0.9x, pe
 
 
 def _host_slowdowns(spans):  # each span 1.2x slower beside the other rank computing
-    from pipesim.cluster import SpanSlowdown
+    from pipesim.readings import SpanSlowdown
 
     return {"host_slowdowns": tuple(SpanSlowdown(first, stop, 4, 1.2) for first, stop in spans)}
 
