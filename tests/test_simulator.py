@@ -2236,6 +2236,12 @@ def test_a_grids_error_splits_into_the_plans_bias_the_hours_shift_and_each_sides
     # per run, the median plan: on time (the bias and the luck are one plan's each)
     assert parts["grid_median_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
     assert parts["grid_median_abs_scatter_pct"] == pytest.approx(0.0, abs=1e-9)
+    # the typical-time reference: knowing every plan's median time (m=4's: 9.6 ms, r2's
+    # lucky one) and each run's shift, r2 reads m=4 at 1 / 1.2 of its shift (-17%), r1
+    # and r3 at 1 / 0.96 (+4.2%); every other cell nothing
+    assert parts["typical_grid_median_abs_error_pct"] == pytest.approx(0.0, abs=1e-9)
+    assert parts["typical_grid_max_abs_error_pct"] == pytest.approx(100 * (1 / 0.96 - 1))
+    assert parts["typical_runs_max_within_10_pct"] == pytest.approx(100 * 2 / 3)  # not r2
 
 
 def test_a_choice_between_plans_that_run_one_program_costs_nothing():
