@@ -239,7 +239,7 @@ def _columns(points: tuple[tuple[float, float], ...]) -> tuple[np.ndarray, np.nd
 
 
 def span_at(rows: Sequence, first: int, stop: int, size: float,
-             value: Callable[[Any], float]) -> float | None:
+            value: Callable[[Any], float]) -> float | None:
     """``value`` of the ``rows`` (with ``first``, ``stop``, ``micro_batch``) measured for
     layers ``[first, stop)``, read at ``size`` (:func:`in_log2_size`); None where none are."""
     points = sorted((x.micro_batch, value(x)) for x in rows if x.first == first and x.stop == stop)
