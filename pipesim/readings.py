@@ -11,7 +11,7 @@ profile, measured by :mod:`executor.in_place` in the run's own process layout:
     RunOnCost          a forward after a forward (a backward after a backward),
                        against after the other kind
     CheckpointExtra    what checkpointing adds to the stage's backward
-    InPlaceCost        the stage's forward and backward measured whole (a GPU's)
+    InPlaceCost        the stage's forward and backward measured whole, alone
     ExecutorGap        the executor's own seconds around each action
     =================  ==========================================================
 
