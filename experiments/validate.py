@@ -180,6 +180,14 @@ def main() -> None:
                     help="readings of each balance's in-place contention, the prediction's "
                     "the median (executor.in_place.stage_contention; 20-40 s a reading "
                     "of a model's balances)")
+    # (one idle-cost reading per grid: over the 40 grids to the 132nd, pooled, the costs
+    # took bias out, 1.76% / 12.4% -> 1.63% / 8.2%, but one grid alone read a lower median
+    # without them in 23 of 40 -- the pattern the contention's median of three mended;
+    # the ablations idle_reading_N predict with each reading alone, side by side)
+    ap.add_argument("--idle-repeats", type=int, default=3, metavar="N",
+                    help="readings of each balance's idle costs, the prediction's the median "
+                    "(executor.in_place.idle_costs; 45-160 s a reading of a model's "
+                    "balances; the ablations idle_reading_1.. predict with each alone)")
     ap.add_argument("--lean", action="store_true",
                     help="only what the prediction itself needs: no ablation-only readings "
                     "(the model's own, the in-place, the sustained and the old protocol's "
@@ -198,8 +206,10 @@ def main() -> None:
                     help="no runs: predict the saved grid again from its saved profiles and "
                     "calibration (after a model change), and print before / after")
     args = ap.parse_args()
-    if args.contention_repeats < 1:  # (else it fails after minutes of calibration)
-        ap.error(f"--contention-repeats must be >= 1, got {args.contention_repeats}")
+    for flag, repeats in (("--contention-repeats", args.contention_repeats),
+                          ("--idle-repeats", args.idle_repeats)):
+        if repeats < 1:  # (else it fails after minutes of calibration)
+            ap.error(f"{flag} must be >= 1, got {repeats}")
     torch.set_num_threads(args.threads)
     results = RESULTS / args.subdir if args.subdir else RESULTS
     results.mkdir(parents=True, exist_ok=True)
@@ -245,6 +255,7 @@ def main() -> None:
     in_place: dict[str, list[dict]] = {}  # model -> SpanSlowdown rows (the medians)
     in_place_readings: dict[str, list[list[dict]]] = {}  # model -> each reading's rows
     idle: dict[str, list[dict]] = {}  # model -> IdleCost rows
+    idle_readings: dict[str, list[list[dict]]] = {}  # model -> each reading's rows
     checkpoint_rows: dict[str, list[dict]] = {}  # model -> CheckpointExtra rows
     run_on_rows: dict[str, list[dict]] = {}  # model -> RunOnCost rows
     executor_rows: dict[str, list[dict]] = {}  # model -> ExecutorGap rows
@@ -259,6 +270,7 @@ def main() -> None:
         the end): what `--repredict` (validation.predict_saved) needs of a cut run."""
         partial = {"host_contention_readings": contention, "gap_readings": gaps,
                    "in_action_readings": in_action, "idle_costs": idle,
+                   "idle_cost_readings": idle_readings,
                    "checkpoint_extras": checkpoint_rows, "executor_gaps": executor_rows,
                    "in_place_costs": in_place_rows, "run_on_costs": run_on_rows,
                    "profile_drift_pct": drifts, "phase_seconds": clock.seconds,
@@ -316,12 +328,14 @@ def main() -> None:
         clock.mark(f"{name}: in-place contention")
         # what a wait costs (--idle-costs, the default): each balance's actions after their
         # rank idled, against at its steady pace, in place (executor.in_place.idle_costs;
-        # read against the profile below, taken in the same run)
-        waited = {balance: idle_costs(job, balance, sizes_of_plans, rounds=IDLE_ROUNDS,
-                                      threads=args.threads, pin_cores=args.pin,
-                                      at_once=args.idle_at_once,
-                                      kinds=IDLE_KINDS if args.after_wait else ("F", "B"))
-                  for balance in balances} if args.idle_costs else {}
+        # read against the profile below, taken in the same run), --idle-repeats readings
+        # of every balance in turn (a slow spell of minutes then weighs on one of each)
+        idle_rounds = [{balance: idle_costs(job, balance, sizes_of_plans, rounds=IDLE_ROUNDS,
+                                            threads=args.threads, pin_cores=args.pin,
+                                            at_once=args.idle_at_once,
+                                            kinds=IDLE_KINDS if args.after_wait else ("F", "B"))
+                        for balance in balances}
+                       for _ in range(args.idle_repeats if args.idle_costs else 0)]
         clock.mark(f"{name}: idle costs")
         # what the order of a stage's actions costs (--run-on): a forward after a forward,
         # a backward after a backward, against the other order, in place
@@ -393,9 +407,12 @@ def main() -> None:
         drifts[name] = profile_speeds[name][-1]
         pd.concat([p.table.assign(reading=k) for k, p in enumerate(readings)]).to_csv(
             results / f"profile_{tag}_{name}_readings.csv.gz", index=False)
-        waits = [row for balance, rows in waited.items()
-                 for row in with_profile_seconds(rows, prof, cluster, balance)]
+        each_wait = [[row for balance, rows in waited.items()
+                      for row in with_profile_seconds(rows, prof, cluster, balance)]
+                     for waited in idle_rounds]
+        waits = mean_readings(*each_wait, statistic=statistics.median) if each_wait else []
         idle[name] = [dataclasses.asdict(row) for row in waits]
+        idle_readings[name] = [[dataclasses.asdict(row) for row in rows] for rows in each_wait]
         stages_after = measure_stages()
         clock.mark(f"{name}: stage costs")
         extras = mean_readings(stages_before[0], stages_after[0])
@@ -456,6 +473,10 @@ def main() -> None:
                      **({"no_idle_costs": (prof, dataclasses.replace(model_cluster,
                                                                      idle_costs=()))}
                         if waits else {}),
+                     # each idle-cost reading alone, as the grids before 2026-12-01 read one
+                     **{f"idle_reading_{i}": (prof, dataclasses.replace(
+                         model_cluster, idle_costs=tuple(rows)))
+                        for i, rows in enumerate(each_wait, 1) if len(each_wait) > 1},
                      # a forward after a backward that waited paying only its own wait
                      # (the in-place "FB" rows left out: measured with --after-wait, as
                      # the 98th-100th grids, 2026-11-29/30, were)
@@ -536,7 +557,8 @@ def main() -> None:
     summary["host_contention_model_readings"] = model_readings
     summary["in_place_slowdowns"] = in_place
     summary["in_place_slowdown_readings"] = in_place_readings  # each balance's, in turn
-    summary["idle_costs"] = idle
+    summary["idle_costs"] = idle  # the median of the readings
+    summary["idle_cost_readings"] = idle_readings  # each reading, in turn
     summary["checkpoint_extras"] = checkpoint_rows
     summary["run_on_costs"] = run_on_rows
     summary["executor_gaps"] = executor_rows

@@ -732,15 +732,16 @@ def noise_floor(table: pd.DataFrame) -> tuple[float, float] | None:
 SECONDS_FIELDS = ("seconds", "fwd_s", "bwd_s", "hot_s", "after_idle_s")
 
 
-def mean_readings(*readings: list[Reading]) -> list[Reading]:
-    """Each row's seconds (:data:`SECONDS_FIELDS`) the mean of the readings that have its
-    key (every other field: span, size, mode), for rows such as CheckpointExtra,
-    ExecutorGap, InPlaceCost and IdleCost."""
+def mean_readings(*readings: list[Reading],
+                  statistic: Callable[[list[float]], float] = statistics.fmean) -> list[Reading]:
+    """Each row's seconds (:data:`SECONDS_FIELDS`) the mean (or ``statistic``, such as
+    :func:`statistics.median`) of the readings that have its key (every other field: span,
+    size, mode), for rows such as CheckpointExtra, ExecutorGap, InPlaceCost and IdleCost."""
     values: dict[Reading, list[Reading]] = {}
     for reading in readings:
         for x in reading:
             fields = [f.name for f in dataclasses.fields(x) if f.name in SECONDS_FIELDS]
             values.setdefault(dataclasses.replace(x, **dict.fromkeys(fields, 0.0)), []).append(x)
-    return [dataclasses.replace(key, **{f: sum(getattr(x, f) for x in rows) / len(rows)
+    return [dataclasses.replace(key, **{f: statistic([getattr(x, f) for x in rows])
                                         for f in SECONDS_FIELDS if hasattr(key, f)})
             for key, rows in sorted(values.items(), key=lambda kv: dataclasses.astuple(kv[0]))]

@@ -2436,6 +2436,25 @@ def test_two_readings_of_in_place_rows_are_averaged_per_span_size_and_mode():
         [CheckpointExtra(0, 2, 4, 1.5)]
 
 
+def test_the_median_of_three_idle_readings_leaves_out_a_slow_spells_reading_per_field():
+    import statistics
+
+    from experiments.validation import mean_readings
+    from pipesim.readings import IdleCost
+
+    def reading(seconds: float, hot_s: float) -> list[IdleCost]:
+        return [IdleCost(0, 2, 4, False, 0.005, seconds, "B", hot_s, hot_s + seconds, 1e-3)]
+
+    # the second reading ran in a slow spell: every action slower, its wait's cost too
+    median = mean_readings(reading(1e-4, 1.0e-3), reading(9e-4, 1.6e-3), reading(2e-4, 1.1e-3),
+                           statistic=statistics.median)
+    assert median == reading(2e-4, 1.1e-3)  # the third, field by field
+    # the key (span, size, mode, idle, kind, profile seconds) is kept, never averaged
+    assert mean_readings(reading(1e-4, 1e-3), [dataclasses.replace(reading(3e-4, 1e-3)[0],
+                                                                    kind="F")]) == \
+        [*reading(1e-4, 1e-3), dataclasses.replace(reading(3e-4, 1e-3)[0], kind="F")]
+
+
 def test_interference_by_kind_reads_each_actions_excess_and_its_overlap_by_kind():
     import pandas as pd
 
