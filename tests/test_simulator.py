@@ -2455,6 +2455,19 @@ def test_the_median_of_three_idle_readings_leaves_out_a_slow_spells_reading_per_
         [*reading(1e-4, 1e-3), dataclasses.replace(reading(3e-4, 1e-3)[0], kind="F")]
 
 
+def test_a_grids_idle_readings_combine_as_median_mean_none_and_each_alone():
+    from experiments.idle_readings import variants
+    from pipesim.readings import IdleCost
+
+    rows = [[dataclasses.asdict(IdleCost(0, 2, 4, False, 0.005, s, "B", 1e-3, 1e-3 + s))]
+            for s in (1e-4, 9e-4, 2e-4)]
+    got = variants({"mlp": rows})
+    assert list(got) == ["median", "mean", "none", "reading_1", "reading_2", "reading_3"]
+    assert got["median"]["mlp"][0].seconds == 2e-4
+    assert abs(got["mean"]["mlp"][0].seconds - 4e-4) < 1e-12
+    assert got["none"] == {} and got["reading_2"]["mlp"][0].seconds == 9e-4
+
+
 def test_interference_by_kind_reads_each_actions_excess_and_its_overlap_by_kind():
     import pandas as pd
 
