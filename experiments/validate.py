@@ -146,8 +146,9 @@ def main() -> None:
     # 9.8% (five pooled 5.9% / 26.6% -> 4.9% / 20.4%)
     ap.add_argument("--idle-costs", action=argparse.BooleanOptionalAction, default=True,
                     help="measure each balance's idle costs in place and predict with them "
-                    "(default; about 5 more minutes; the ablation no_idle_costs predicts "
-                    "without; --no-idle-costs neither measures nor uses them)")
+                    "(default; about 5 more minutes a reading, see --idle-repeats; the "
+                    "ablation no_idle_costs predicts without; --no-idle-costs neither "
+                    "measures nor uses them)")
     ap.add_argument("--after-wait", action="store_true",
                     help="with the idle costs, also measure a forward right after a backward "
                     "that waited (their kind FB; about 3 more minutes; the ablation "
