@@ -13,7 +13,8 @@ Since 2026-12-01 ``validate.py`` reads each balance's idle costs ``--idle-repeat
     python experiments/idle_readings.py [FOLDER ...]   (default experiments/results)
 
 Prints each variant's median / max |error| (%) and each model's median; writes
-``idle_readings.csv`` in the results folder (one row per folder and variant).
+``experiments/results/idle_readings.csv`` (one row per folder and variant) and
+``idle_readings.json`` (context).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pandas as pd
 
-from experiments.common import RESULTS
+from experiments.common import RESULTS, machine, write_results
 from experiments.validation import mean_readings, predict_saved
 from pipesim.readings import IdleCost
 
@@ -67,7 +68,8 @@ def main() -> None:
                           **{f"{m}_pct": v for m, v in per_model.items()}})
             print(f"{folder}  {name:10s} {err.median():6.2f}% / {err.max():5.1f}%  "
                   + "  ".join(f"{m} {v:.2f}%" for m, v in per_model.items()), flush=True)
-    pd.DataFrame(table).to_csv(RESULTS / "idle_readings.csv", index=False)
+    write_results("idle_readings", pd.DataFrame(table),
+                  {**machine(), "folders": [str(f) for f in args.folders]})
 
 
 if __name__ == "__main__":
